@@ -1,0 +1,52 @@
+"""System checks guarding invariants the rest of the code assumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, register
+
+PLACEHOLDER_SECRET = "insecure-dev-only-secret-key"
+
+
+@register(Tags.security, deploy=False)
+def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    if settings.DEBUG:
+        return []
+    key = settings.SECRET_KEY
+    if key == PLACEHOLDER_SECRET or len(key) < 32 or len(set(key)) < 5:
+        return [
+            Error(
+                "SECRET_KEY is missing or weak while DEBUG is off.",
+                hint="Set SECRET_KEY (or SECRET_KEY_FILE) to 50 random characters, "
+                "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(50))'`.",
+                id="koala.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_utc(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    # Leases, backoff and schedules compare database now() with Python time;
+    # both must be UTC-aware or an expiry can be off by hours.
+    errors = []
+    if not settings.USE_TZ:
+        errors.append(Error("USE_TZ must be True.", id="koala.E002"))
+    if settings.TIME_ZONE != "UTC":
+        errors.append(Error("TIME_ZONE must be 'UTC'; show local times in views instead.", id="koala.E003"))
+    return errors
+
+
+@register()
+def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    if settings.KOALA_HEARTBEAT_SECONDS * 2 > settings.KOALA_LEASE_SECONDS:
+        return [
+            Error(
+                "KOALA_HEARTBEAT_SECONDS should be at most half of KOALA_LEASE_SECONDS, "
+                "so one late heartbeat does not lose the lease.",
+                id="koala.E004",
+            )
+        ]
+    return []

@@ -1,0 +1,86 @@
+"""Strict environment parsing.
+
+Every setting comes from the environment (optionally via a ``NAME_FILE`` path
+holding the value, as systemd credentials and Docker secrets provide). A value
+that does not parse stops start-up with a message naming the variable: a typo
+in ``KOALA_LEASE_SECONDS`` must never silently become the default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def raw(name: str, default: str | None = None) -> str | None:
+    """The value of NAME, or the contents of the file named by NAME_FILE.
+
+    Setting both is ambiguous and refused rather than guessed at.
+    """
+    file_var = f"{name}_FILE"
+    direct = os.environ.get(name)
+    path = os.environ.get(file_var)
+    if direct is not None and path is not None:
+        raise ConfigError(f"{name} and {file_var} are both set; set only one.")
+    if path is not None:
+        try:
+            # Secrets files conventionally end with a newline that is not part of the value.
+            return Path(path).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{file_var}={path!r} cannot be read: {exc.strerror}") from None
+    return direct if direct is not None else default
+
+
+def _parsed(name: str, default: T, parse: Callable[[str], T], expected: str) -> T:
+    value = raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        return parse(value.strip())
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name}={value!r} is not {expected}.") from None
+
+
+def string(name: str, default: str = "") -> str:
+    value = raw(name)
+    return default if value is None else value
+
+
+def boolean(name: str, default: bool = False) -> bool:
+    def parse(value: str) -> bool:
+        lowered = value.lower()
+        if lowered in {"1", "true", "yes", "on"}:
+            return True
+        if lowered in {"0", "false", "no", "off"}:
+            return False
+        raise ValueError(value)
+
+    return _parsed(name, default, parse, "a boolean (true/false, 1/0, yes/no, on/off)")
+
+
+def integer(name: str, default: int, *, minimum: int | None = None) -> int:
+    result = _parsed(name, default, int, "an integer")
+    if minimum is not None and result < minimum:
+        raise ConfigError(f"{name}={result} must be at least {minimum}.")
+    return result
+
+
+def number(name: str, default: float, *, minimum: float | None = None) -> float:
+    result = _parsed(name, default, float, "a number")
+    if minimum is not None and result < minimum:
+        raise ConfigError(f"{name}={result} must be at least {minimum}.")
+    return result
+
+
+def string_list(name: str, default: list[str]) -> list[str]:
+    value = raw(name)
+    if value is None or value.strip() == "":
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]

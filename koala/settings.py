@@ -1,0 +1,168 @@
+"""Koala settings: everything comes from the environment (see docs/configuration.md).
+
+Parsing is strict (koala.env): a malformed value stops start-up naming the variable.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import environ
+
+from koala import env
+from koala.env import ConfigError
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+try:
+    DEBUG = env.boolean("DEBUG", False)
+    # Outside debug the system check koala.E001 refuses this placeholder.
+    SECRET_KEY = env.string("SECRET_KEY", "") or "insecure-dev-only-secret-key"
+    ALLOWED_HOSTS = env.string_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+    CSRF_TRUSTED_ORIGINS = env.string_list("CSRF_TRUSTED_ORIGINS", [])
+
+    _database_url = env.string("DATABASE_URL", "")
+    _redis_url = env.string("REDIS_URL", "")
+    if not _database_url:
+        raise ConfigError(
+            "DATABASE_URL is not set. Use `make run`/`make test` (which start an embedded "
+            "PostgreSQL when it is unset) or set DATABASE_URL=postgres://user@host:5432/db."
+        )
+    if not _redis_url:
+        raise ConfigError("REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0).")
+    try:
+        _db = environ.Env.db_url_config(_database_url)
+    except Exception as exc:  # django-environ raises several types for bad URLs
+        raise ConfigError(f"DATABASE_URL is not a valid database URL: {exc}") from None
+    if _db.get("ENGINE") != "django.db.backends.postgresql":
+        raise ConfigError("DATABASE_URL must be a postgres:// URL: PostgreSQL is Koala's source of truth.")
+    if not _redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://.")
+    _db["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db.setdefault("OPTIONS", {})
+    # Every connection runs in UTC so that now() comparisons in SQL and Python agree.
+    _db["OPTIONS"].setdefault("options", "-c timezone=UTC")
+    _db["TEST"] = {"NAME": env.string("DATABASE_TEST_NAME", "") or None}
+    DATABASES = {"default": _db}
+    REDIS_URL = _redis_url
+
+    SENTRY_DSN = env.string("SENTRY_DSN", "")
+    LOG_LEVEL = env.string("LOG_LEVEL", "INFO").upper()
+    if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise ConfigError(f"LOG_LEVEL={LOG_LEVEL!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL.")
+
+    # Koala's engine limits. Defaults follow DESIGN.md: heartbeat ~10 s against a ~30 s lease.
+    KOALA_LEASE_SECONDS = env.number("KOALA_LEASE_SECONDS", 30.0, minimum=1.0)
+    KOALA_HEARTBEAT_SECONDS = env.number("KOALA_HEARTBEAT_SECONDS", 10.0, minimum=0.1)
+    KOALA_ORPHAN_GRACE_SECONDS = env.number("KOALA_ORPHAN_GRACE_SECONDS", 10.0, minimum=0.0)
+    KOALA_SHUTDOWN_DEADLINE_SECONDS = env.number("KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0, minimum=0.0)
+    KOALA_BEAT_INTERVAL_SECONDS = env.number("KOALA_BEAT_INTERVAL_SECONDS", 2.0, minimum=0.05)
+    KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
+    KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
+    KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
+    KOALA_DEFAULT_MAX_ATTEMPTS = env.integer("KOALA_DEFAULT_MAX_ATTEMPTS", 5, minimum=1)
+    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds"])
+    KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
+except ConfigError as _exc:
+    # A clear one-line message beats a traceback through the settings module.
+    sys.stderr.write(f"Koala configuration error: {_exc}\n")
+    raise SystemExit(2) from None
+
+if KOALA_HEARTBEAT_SECONDS >= KOALA_LEASE_SECONDS:
+    sys.stderr.write(
+        "Koala configuration error: KOALA_HEARTBEAT_SECONDS must be shorter than KOALA_LEASE_SECONDS, "
+        "or every lease expires between heartbeats.\n"
+    )
+    raise SystemExit(2)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_rq",
+    "koala",
+    "workers",
+    "reviews",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "koala.urls"
+WSGI_APPLICATION = "koala.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env.string("STATIC_ROOT", str(BASE_DIR / ".koala-data" / "staticfiles")))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+SESSION_COOKIE_SECURE = not DEBUG and env.boolean("SECURE_COOKIES", True)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_HTTPONLY = True
+
+RQ_QUEUES = {
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
+    for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "koala.redaction.RedactingFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]},
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"rq.worker": {"level": "WARNING"}},
+}
+
+if SENTRY_DSN:
+    import sentry_sdk
+
+    from koala.redaction import scrub_sentry_event
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        send_default_pii=False,
+        before_send=scrub_sentry_event,  # type: ignore[arg-type]
+        include_local_variables=False,
+    )

@@ -1,0 +1,61 @@
+"""Kinds that ship with the engine: a no-op, a Redis INCR (the benchmark body), a
+cooperative sleep and a flaky demo. The side-effect kinds (email, orders, charges,
+model calls, CSV exports) arrive with the operations ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers import doorbell
+from workers.errors import Retryable, TerminalFailure
+from workers.kinds import job_kind
+from workers.runtime import JobContext
+
+
+@job_kind("noop", version=1, queue="default", max_attempts=3, timeout_seconds=30)
+def noop(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True}
+
+
+def _validate_incr(data: dict[str, Any]) -> None:
+    if not isinstance(data.get("key"), str) or not data["key"].startswith("koala:"):
+        raise ValueError("'key' must be a string starting with 'koala:'")
+
+
+@job_kind("incr", version=1, queue="default", max_attempts=3, timeout_seconds=30, required_fields={"key"}, validate=_validate_incr)
+def incr(ctx: JobContext, data: dict[str, Any]) -> int:
+    """INCR a Redis counter: the smallest real side effect, used by the benchmark."""
+    return int(doorbell.redis_connection().incr(data["key"]))
+
+
+def _validate_sleep(data: dict[str, Any]) -> None:
+    seconds = data.get("seconds")
+    if not isinstance(seconds, int | float) or not 0 <= seconds <= 3600:
+        raise ValueError("'seconds' must be a number between 0 and 3600")
+
+
+@job_kind("sleep", version=1, queue="default", max_attempts=3, timeout_seconds=3700, required_fields={"seconds"}, validate=_validate_sleep)
+def sleep(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps in small steps, checkpointing progress and honouring cancellation."""
+    total = float(data["seconds"])
+    done = float(ctx.previous_progress.get("slept", 0.0))
+    while done < total:
+        if ctx.cancelled.is_set():
+            ctx.checkpoint()  # raises StaleAttempt with the named reason
+        step = min(0.1, total - done)
+        time.sleep(step)
+        done += step
+        ctx.progress(slept=round(done, 3))
+    ctx.set_state(slept=total)
+    return {"slept": total}
+
+
+@job_kind("demo.flaky", version=1, queue="default", max_attempts=4, backoff_base=0.5, backoff_cap=5)
+def flaky(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Fails transiently until attempt ``succeed_on`` (default 2); ``terminal`` fails for good."""
+    if data.get("terminal"):
+        raise TerminalFailure("demo terminal failure: unsupported format", code="unsupported_format")
+    if ctx.attempt < int(data.get("succeed_on", 2)):
+        raise Retryable(f"demo transient failure on attempt {ctx.attempt}")
+    return {"succeeded_on_attempt": ctx.attempt}

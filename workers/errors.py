@@ -1,0 +1,79 @@
+"""What a job body may raise, and what the engine answers a stale attempt.
+
+Classification is explicit: ``Retryable`` retries within the attempt budget,
+``TerminalFailure`` ends the job at once, anything else is fatal (never retried
+blindly, because an unknown error may have half-done an outbound effect).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Retryable(Exception):
+    """A transient error (timeout, 5xx, storage blip). Optionally carries retry-after seconds."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TerminalFailure(Exception):
+    """A typed failure that no retry can fix (unauthorized account, unsupported format)."""
+
+    code = "terminal"
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code:
+            self.code = code
+
+
+class Rejection(str, enum.Enum):
+    """The closed set of reasons an attempt may no longer act (HTTP 409 + reason in the API).
+
+    Workers handle each by name:
+    - ``lease_expired``: the lease ran out before this call and nobody has taken the job
+      since. Stop the body; the reaper requeues (at_least_once) or fails (at_most_once).
+    - ``lease_superseded``: another attempt has claimed the job since (fencing). Stop; the
+      other attempt owns the outcome. Never report success or failure for it.
+    - ``job_cancelled``: an operator cancelled the job. Stop at the next safe point.
+    - ``already_recorded``: this attempt's report was already stored (an idempotent
+      repeat, e.g. after a lost reply). Treat as success of the report.
+    """
+
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_SUPERSEDED = "lease_superseded"
+    JOB_CANCELLED = "job_cancelled"
+    ALREADY_RECORDED = "already_recorded"
+
+
+class StaleAttempt(Exception):
+    """Raised inside the runtime when the engine rejected this attempt's write."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.value)
+        self.rejection = rejection
+
+
+class EnqueueError(ValueError):
+    """Bad enqueue input: unknown kind, malformed input, or a reused key with other input."""
+
+
+class JobStateError(ValueError):
+    """An operator action that does not apply to the job's current state."""
+
+
+class Interrupted(BaseException):
+    """Raised into a body that overran its time limit or the shutdown deadline.
+
+    A BaseException so a body's broad ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class AttemptTimeout(Retryable):
+    """The attempt overran its kind's per-attempt time limit; retried like any transient error."""

@@ -1,0 +1,122 @@
+"""The job-kind registry: a kind is a Python body plus its policy.
+
+    @job_kind("send_welcome", version=1, queue="default", max_attempts=5)
+    def send_welcome(ctx, input): ...
+
+A worker serves exactly the (name, version) pairs registered in its process. A
+job whose pair is missing is ``unservable`` there (R17): it goes back to the
+queue for a worker that has it, without running the body or using an attempt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from workers.errors import EnqueueError
+from workers.models import Delivery
+
+if TYPE_CHECKING:
+    from workers.runtime import JobContext
+
+Body = Callable[["JobContext", dict[str, Any]], Any]
+InputValidator = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    version: int
+    body: Body
+    queue: str = "default"
+    delivery: str = Delivery.AT_LEAST_ONCE
+    max_attempts: int = 5
+    timeout_seconds: float = 300.0
+    deadline_seconds: float | None = None  # overall, from enqueue; None = no deadline
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+    sensitive_fields: frozenset[str] = field(default_factory=frozenset)
+    required_fields: frozenset[str] = field(default_factory=frozenset)
+    validate: InputValidator | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def backoff_seconds(self, attempts_used: int, *, rng: random.Random | None = None) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2**n)], n = attempts used so far - 1."""
+        exponent = max(attempts_used - 1, 0)
+        ceiling = min(self.backoff_cap, self.backoff_base * (2 ** min(exponent, 62)))
+        return (rng or random).uniform(0, ceiling)
+
+    def check_input(self, data: Any) -> None:
+        if not isinstance(data, Mapping):
+            raise EnqueueError(f"input for {self.key} must be a JSON object, not {type(data).__name__}.")
+        missing = sorted(self.required_fields - set(data))
+        if missing:
+            raise EnqueueError(f"input for {self.key} is missing required field(s): {', '.join(missing)}.")
+        if self.validate is not None:
+            try:
+                self.validate(dict(data))
+            except (ValueError, TypeError) as exc:
+                raise EnqueueError(f"input for {self.key} is invalid: {exc}") from None
+
+
+_registry: dict[tuple[str, int], JobKind] = {}
+
+
+def register(kind: JobKind) -> JobKind:
+    if kind.delivery not in Delivery.values:
+        raise ValueError(f"{kind.key}: delivery must be one of {Delivery.values}")
+    if kind.max_attempts < 1:
+        raise ValueError(f"{kind.key}: max_attempts must be at least 1")
+    if kind.delivery == Delivery.AT_MOST_ONCE and kind.max_attempts != 1:
+        # A retry is a second delivery; at-most-once cannot have one.
+        raise ValueError(f"{kind.key}: at_most_once kinds must have max_attempts=1")
+    existing = _registry.get((kind.name, kind.version))
+    if existing is not None and existing.body is not kind.body:
+        raise ValueError(f"{kind.key} is registered twice with different bodies")
+    _registry[(kind.name, kind.version)] = kind
+    return kind
+
+
+def job_kind(name: str, *, version: int = 1, **policy: Any) -> Callable[[Body], Body]:
+    def decorate(body: Body) -> Body:
+        for key in ("sensitive_fields", "required_fields"):
+            if key in policy:
+                policy[key] = frozenset(policy[key])
+        register(JobKind(name=name, version=version, body=body, **policy))
+        return body
+
+    return decorate
+
+
+def unregister(name: str, version: int) -> None:
+    """Drop a kind from this process (tests simulating a worker without it)."""
+    _registry.pop((name, version), None)
+
+
+def get(name: str, version: int) -> JobKind | None:
+    return _registry.get((name, version))
+
+
+def latest(name: str) -> JobKind:
+    versions = [k for (n, _), k in _registry.items() if n == name]
+    if not versions:
+        known = ", ".join(sorted({n for n, _ in _registry})) or "none"
+        raise EnqueueError(f"unknown job kind {name!r} (known: {known}).")
+    return max(versions, key=lambda k: k.version)
+
+
+def served() -> list[JobKind]:
+    return sorted(_registry.values(), key=lambda k: (k.name, k.version))
+
+
+def load_configured_kinds() -> None:
+    for module in settings.KOALA_JOB_KIND_MODULES:
+        importlib.import_module(module)

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from workers.services.maintenance import dispatch, reap
+
+log = logging.getLogger("koala.beat")
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the dispatcher and reaper loop: requeue or fail expired leases, fail jobs past their deadline, "
+        "and re-ring RQ for every due job from database state. Any number of replicas may run."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--interval", type=float, default=settings.KOALA_BEAT_INTERVAL_SECONDS,
+            help="seconds between ticks (default KOALA_BEAT_INTERVAL_SECONDS)",
+        )
+        parser.add_argument("--once", action="store_true", help="run one tick and exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        interval = options["interval"]
+        if interval <= 0:
+            raise CommandError("--interval must be positive.")
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: stop.set())
+        while True:
+            try:
+                report = reap()
+                rung = dispatch()
+                if report.orphaned or report.requeued or report.failed or report.deadline_failed or rung:
+                    log.info(
+                        "beat: orphaned=%d requeued=%d failed=%d deadline_failed=%d rung=%d",
+                        report.orphaned, report.requeued, report.failed, report.deadline_failed, rung,
+                    )
+            except Exception as exc:  # a database blip must not kill the beat; the next tick retries
+                log.warning("beat tick failed: %s: %s", type(exc).__name__, exc)
+                connection.close()
+                if options["once"]:
+                    raise
+            if options["once"] or stop.wait(interval):
+                break

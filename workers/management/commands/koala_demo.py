@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from workers.services.jobs import JobSpec, enqueue_many
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin user (printing its login) and enqueue a few demo jobs. Safe to run again."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="admin")
+        parser.add_argument("--no-jobs", action="store_true", help="only ensure the admin user")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        users = get_user_model()
+        username = options["username"]
+        # The password is kept in the data folder so the printed login stays valid across runs.
+        data_dir = Path(os.environ.get("KOALA_DATA_DIR", settings.BASE_DIR / ".koala-data"))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        secret_file = data_dir / "demo-admin-password"
+        if secret_file.exists():
+            password = secret_file.read_text().strip()
+        else:
+            password = secrets.token_urlsafe(12)
+            secret_file.write_text(password + "\n")
+            secret_file.chmod(0o600)
+        user, _ = users.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        self.stdout.write(self.style.SUCCESS(f"Demo admin login: username={username} password={password}"))
+        if options["no_jobs"]:
+            return
+        specs = [JobSpec(kind="noop", input={"n": n}, idempotency_key=f"demo-noop-{n}") for n in range(5)]
+        specs += [
+            JobSpec(kind="sleep", input={"seconds": 3}, idempotency_key="demo-sleep"),
+            JobSpec(kind="demo.flaky", input={"succeed_on": 2}, idempotency_key="demo-flaky"),
+            JobSpec(kind="demo.flaky", input={"terminal": True}, idempotency_key="demo-terminal"),
+            JobSpec(kind="sleep", input={"seconds": 1}, idempotency_key="demo-delayed", delay_seconds=30),
+        ]
+        results = enqueue_many(specs=specs, created_by="koala_demo")
+        created = sum(r.created for r in results)
+        self.stdout.write(f"Demo jobs: {created} new, {len(results) - created} already present")

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from rq.worker_pool import WorkerPool
+
+from workers import doorbell
+from workers.rq_workers import WORKER_CLASSES, default_worker_name
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a Koala worker: RQ wakes it, PostgreSQL decides what it runs. "
+        "SIGTERM/Ctrl-C stops claiming, lets the running job finish within --shutdown-deadline, then releases it."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queues", default=",".join(settings.RQ_QUEUES), help="comma-separated, in priority order")
+        parser.add_argument("--name", default=None, help="worker name (default: host.pid); must be unique while running")
+        parser.add_argument(
+            "--worker-class", choices=sorted(WORKER_CLASSES), default="simple",
+            help="simple: run bodies in this process (fastest); fork: a fresh process per wake (isolation)",
+        )
+        parser.add_argument("--pool", type=int, default=1, help="number of worker processes (RQ WorkerPool when > 1)")
+        parser.add_argument(
+            "--shutdown-deadline", type=float, default=None,
+            help=f"seconds a running job gets after SIGTERM (default KOALA_SHUTDOWN_DEADLINE_SECONDS={settings.KOALA_SHUTDOWN_DEADLINE_SECONDS:g})",
+        )
+        parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        if not queues:
+            raise CommandError("--queues needs at least one queue name.")
+        if options["pool"] < 1 or options["pool"] > 64:
+            raise CommandError("--pool must be between 1 and 64.")
+        deadline = options["shutdown_deadline"]
+        if deadline is not None and deadline < 0:
+            raise CommandError("--shutdown-deadline cannot be negative.")
+        worker_class = WORKER_CLASSES[options["worker_class"]]
+        worker_class.shutdown_deadline = deadline  # type: ignore[union-attr]
+        connection = doorbell.redis_connection()
+        try:
+            connection.ping()
+        except Exception as exc:
+            raise CommandError(f"cannot reach Redis at REDIS_URL: {type(exc).__name__}: {exc}") from None
+        level = logging.getLevelName(logging.getLogger().level)
+        if options["pool"] > 1:
+            if options["name"]:
+                raise CommandError("--name cannot be combined with --pool; pool workers name themselves.")
+            pool = WorkerPool(queues, connection=connection, num_workers=options["pool"], worker_class=worker_class)
+            pool.start(burst=options["burst"], logging_level=level)
+            return
+        worker = worker_class(
+            [doorbell.rq_queue(q) for q in queues], connection=connection, name=options["name"] or default_worker_name()
+        )
+        worker.work(burst=options["burst"], logging_level=level)

@@ -1,0 +1,143 @@
+"""RQ worker classes that run Koala's entry safely.
+
+- RQ's job timeout is not used (``NoDeathPenalty``): Koala enforces per-attempt
+  limits itself, per job, inside a batch.
+- SIGTERM/SIGINT: stop claiming, let the running body finish within the shutdown
+  deadline, then release it (no attempt used). The forking worker forwards the
+  signal to its work horse, where the body runs.
+- Django's database connections must never be shared across fork: the parent
+  closes its connections before forking; the horse opens its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, connections
+from django.utils import timezone
+from rq import SimpleWorker, Worker
+from rq.timeouts import BaseDeathPenalty
+
+from workers import kinds
+from workers.models import WorkerProcess
+from workers.runtime import get_runtime
+
+log = logging.getLogger("koala.worker")
+
+
+class NoDeathPenalty(BaseDeathPenalty):
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+class _Presence:
+    """Keeps the WorkerProcess row fresh from a thread of the worker's main process."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        now = timezone.now()
+        WorkerProcess.objects.update_or_create(
+            name=self.worker.name,
+            defaults={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": self.worker.queue_names(),
+                "kinds": [k.key for k in kinds.served()],
+                "worker_class": type(self.worker).__name__,
+                "started_at": now,
+                "last_seen_at": now,
+                "stopped_at": None,
+            },
+        )
+        # The parent must hold no connection when it forks; the thread uses its own.
+        connection.close()
+        self.thread = threading.Thread(target=self._loop, name="koala-presence", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        interval = float(settings.KOALA_HEARTBEAT_SECONDS)
+        try:
+            while not self.stop.wait(interval):
+                try:
+                    WorkerProcess.objects.filter(name=self.worker.name).update(last_seen_at=timezone.now())
+                except Exception as exc:  # the database may be away for a while; keep trying
+                    log.warning("worker presence update failed: %s", type(exc).__name__)
+                    connection.close()
+        finally:
+            connection.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        try:
+            WorkerProcess.objects.filter(name=self.worker.name).update(stopped_at=timezone.now(), last_seen_at=timezone.now())
+        finally:
+            connection.close()
+
+
+class KoalaWorkerMixin:
+    death_penalty_class = NoDeathPenalty
+    shutdown_deadline: float | None = None
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        # A pool forks its workers from a parent that may hold connections.
+        for conn in connections.all(initialized_only=True):
+            conn.close()
+        runtime = get_runtime()
+        runtime.configure(name=self.name, queues=self.queue_names())  # type: ignore[attr-defined]
+        presence = _Presence(self)
+        presence.start()
+        try:
+            return super().work(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            presence.finish()
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        get_runtime().request_shutdown(self.shutdown_deadline)
+        horse = getattr(self, "_horse_pid", 0)
+        if horse:
+            try:
+                os.kill(horse, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        super().request_stop(signum, frame)  # type: ignore[misc]
+
+
+class KoalaWorker(KoalaWorkerMixin, Worker):
+    """Forks a work horse per RQ message (one message runs a batch of Koala jobs).
+
+    Use when bodies may leak memory or crash the interpreter: each wake gets a fresh process.
+    """
+
+    def fork_work_horse(self, job: Any, queue: Any) -> None:
+        for conn in connections.all(initialized_only=True):
+            conn.close()
+        super().fork_work_horse(job, queue)
+
+    def setup_work_horse_signals(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Forwarded by the parent (and sent by systemd to the whole cgroup): graceful stop.
+        signal.signal(signal.SIGTERM, lambda signum, frame: get_runtime().request_shutdown(self.shutdown_deadline))
+
+
+class KoalaSimpleWorker(KoalaWorkerMixin, SimpleWorker):
+    """Runs bodies in the worker process itself: fastest; use for well-behaved bodies."""
+
+
+WORKER_CLASSES: dict[str, type[Worker] | type[SimpleWorker]] = {"fork": KoalaWorker, "simple": KoalaSimpleWorker}

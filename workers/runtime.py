@@ -1,0 +1,426 @@
+"""The worker runtime: the RQ entry, the job context and the heartbeat thread.
+
+An RQ message is a doorbell naming one job. ``deliver`` claims that job (a
+duplicate delivery finds it taken and does nothing), runs it, then claims and
+runs a bounded batch of further due jobs from PostgreSQL before returning to RQ.
+RQ's own Retry is never used: retries are database state (scheduled_at).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.utils import timezone
+
+from koala.redaction import redact_text, sensitive_values
+from workers import doorbell, kinds
+from workers.errors import AttemptTimeout, Interrupted, Rejection, Retryable, StaleAttempt, TerminalFailure
+from workers.models import FailureReason, Outcome
+from workers.services import leases
+from workers.services.leases import Lease, Report
+
+log = logging.getLogger("koala.worker")
+
+
+class JobContext:
+    """What a body gets besides its input: signals, checkpoints, state and usage.
+
+    ``cancelled`` is set when the lease is lost, the job is cancelled or the run's time
+    is up; a long body should check it (or call ``checkpoint()``) between steps.
+    """
+
+    def __init__(self, lease: Lease, kind: kinds.JobKind, runtime: WorkerRuntime) -> None:
+        self.lease = lease
+        self.kind = kind
+        self.job_id = lease.job_id
+        self.attempt = lease.attempts
+        self.input = lease.input
+        self.run_state = lease.run_state
+        self.previous_progress = lease.progress
+        self.correlation_id = lease.correlation_id
+        self.trace_id = lease.trace_id
+        # Stable across retries of this job: the idempotency key for outbound calls.
+        self.idempotency_key = lease.idempotency_key or f"koala-job-{lease.job_id}"
+        self.worker_name = runtime.name
+        self.cancelled = threading.Event()
+        self.shutting_down = runtime.shutdown_requested
+        self.rejection: Rejection | None = None
+        self.state_delta: dict[str, Any] = {}
+        self.usage: dict[str, float] = {}
+        self.waits = {"db": 0.0, "storage": 0.0}
+        self._pending_progress: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._runtime = runtime
+        now = time.monotonic()
+        self.time_limit_at: float | None = now + lease.timeout_seconds
+        self.deadline_at: float | None = (
+            now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
+        )
+        self.stale_stop_at: float | None = None
+
+    # -- body API ----------------------------------------------------------------
+    def progress(self, **checkpoint: Any) -> None:
+        """Store a checkpoint with the next heartbeat (a retry finds it in previous_progress)."""
+        with self._lock:
+            self._pending_progress = checkpoint
+
+    def heartbeat(self) -> None:
+        """Heartbeat now (e.g. between long batches) and raise StaleAttempt if the lease is gone."""
+        self._runtime.beat(self)
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Raise StaleAttempt if this attempt may no longer act."""
+        if self.rejection is not None:
+            raise StaleAttempt(self.rejection)
+
+    def set_state(self, **delta: Any) -> None:
+        """Top-level keys merged into the run's state when the attempt completes."""
+        self.state_delta.update(delta)
+
+    def add_usage(self, **amounts: float) -> None:
+        for key, amount in amounts.items():
+            self.usage[key] = self.usage.get(key, 0) + amount
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Attribute the time inside to ``db`` or ``storage`` wait instead of compute."""
+        if what not in self.waits:
+            raise ValueError("waiting() takes 'db' or 'storage'")
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waits[what] += time.monotonic() - started
+
+    # -- runtime side ------------------------------------------------------------
+    def take_progress(self) -> dict[str, Any] | None:
+        with self._lock:
+            pending, self._pending_progress = self._pending_progress, None
+        return pending
+
+    def reject(self, rejection: Rejection) -> None:
+        self.rejection = rejection
+        self.cancelled.set()
+
+
+class WorkerRuntime:
+    """Per-process state: who we are, what we serve, the current attempt, shutdown."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.name = f"{socket.gethostname()}.{self.pid}"
+        self.queues: list[str] | None = None
+        self.shutdown_requested = threading.Event()
+        self.shutdown_deadline: float | None = None
+        self.current: JobContext | None = None
+        # Alarm bookkeeping. The lock is re-entrant because signal handlers (SIGTERM)
+        # run on the main thread and may interrupt it while it holds the lock.
+        self._alarm_lock = threading.RLock()
+        self._alarm_enabled = False  # our SIGALRM handler is installed (main thread, inside deliver)
+        self._in_body = False
+        self._alarm_reason = ""
+        self._heartbeat: threading.Thread | None = None
+        self.jobs_done = 0
+
+    def configure(self, *, name: str, queues: list[str]) -> None:
+        self.name = name
+        self.queues = list(queues)
+
+    @property
+    def lease_seconds(self) -> float:
+        return float(settings.KOALA_LEASE_SECONDS)
+
+    # -- shutdown and time limits --------------------------------------------------
+    def request_shutdown(self, deadline_seconds: float | None = None) -> None:
+        """Stop claiming; the running body gets until the deadline, then is released."""
+        if self.shutdown_requested.is_set():
+            return
+        seconds = settings.KOALA_SHUTDOWN_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
+        self.shutdown_deadline = time.monotonic() + seconds
+        self.shutdown_requested.set()
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Arm SIGALRM for the nearest of: attempt limit, job deadline, shutdown deadline, stale stop.
+
+        Only while a body runs: an alarm can then never fire into Koala's own
+        reporting code, nor after deliver() has put back the previous handler.
+        """
+        with self._alarm_lock:
+            ctx = self.current
+            if not (self._alarm_enabled and self._in_body and ctx is not None):
+                return
+            candidates = [(ctx.time_limit_at, "timeout"), (ctx.deadline_at, "deadline"), (ctx.stale_stop_at, "stale")]
+            if self.shutdown_deadline is not None:
+                candidates.append((self.shutdown_deadline, "shutdown"))
+            at, reason = min(((t, r) for t, r in candidates if t is not None), key=lambda c: c[0])
+            self._alarm_reason = reason
+            signal.setitimer(signal.ITIMER_REAL, max(at - time.monotonic(), 0.001))
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self._in_body:
+            raise Interrupted(self._alarm_reason)
+
+    @contextmanager
+    def _alarms(self) -> Iterator[None]:
+        if not _in_main_thread():  # signals only reach the main thread; limits are then cooperative
+            yield
+            return
+        previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._alarm_enabled = True
+        try:
+            yield
+        finally:
+            with self._alarm_lock:
+                self._alarm_enabled = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    # -- heartbeat ---------------------------------------------------------------
+    def ensure_heartbeat(self) -> None:
+        if self.pid != os.getpid():  # a forked work horse: threads do not survive fork
+            self.pid = os.getpid()
+            self._heartbeat = None
+        if self._heartbeat is None or not self._heartbeat.is_alive():
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="koala-heartbeat", daemon=True)
+            self._heartbeat.start()
+
+    def _heartbeat_loop(self) -> None:
+        interval = float(settings.KOALA_HEARTBEAT_SECONDS)
+        while True:
+            time.sleep(interval)
+            ctx = self.current
+            if ctx is not None and ctx.rejection is None:
+                self.beat(ctx)
+
+    def beat(self, ctx: JobContext) -> None:
+        try:
+            rejection = leases.heartbeat(
+                job_id=ctx.job_id, lease_token=ctx.lease.lease_token, lease_seconds=self.lease_seconds,
+                progress=ctx.take_progress(),
+            )
+        except (OperationalError, InterfaceError) as exc:
+            # The database is unreachable: keep the body going; if this lasts past the
+            # lease, the next successful call reports lease_expired and we stop then.
+            log.warning("heartbeat for job %s failed: %s", ctx.job_id, type(exc).__name__)
+            connection.close()
+            return
+        if rejection is not None:
+            log.warning("job %s attempt %s: heartbeat rejected (%s); stopping the body", ctx.job_id, ctx.attempt, rejection.value)
+            ctx.reject(rejection)
+            # A body that ignores ctx.cancelled is interrupted one heartbeat later.
+            ctx.stale_stop_at = time.monotonic() + float(settings.KOALA_HEARTBEAT_SECONDS)
+            self._rearm()
+
+    # -- running jobs ------------------------------------------------------------
+    def run(self, lease: Lease) -> None:
+        kind = kinds.get(lease.kind, lease.version)
+        if kind is None:
+            log.info("job %s: %s@%s is not served here; returning it to the queue", lease.job_id, lease.kind, lease.version)
+            self._report(
+                lease,
+                lambda: leases.release(
+                    job_id=lease.job_id, lease_token=lease.lease_token, outcome=Outcome.UNSERVABLE,
+                    message=f"worker {self.name} does not serve {lease.kind}@{lease.version}", delay_seconds=1.0,
+                ),
+                Outcome.UNSERVABLE,
+            )
+            return
+        ctx = JobContext(lease, kind, self)
+        secrets = sensitive_values(lease.input, sensitive=kind.sensitive_fields)
+        started = time.monotonic()
+        outcome: tuple[str, Any] = ("ok", None)
+        try:
+            with self._alarm_lock:
+                self.current = ctx
+                self._in_body = True
+            self._rearm()
+            try:
+                outcome = ("ok", kind.body(ctx, dict(lease.input)))
+            finally:
+                with self._alarm_lock:
+                    self._in_body = False
+                    if self._alarm_enabled:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+        except Interrupted as exc:
+            outcome = ("interrupted", exc.why)
+        except StaleAttempt as exc:
+            outcome = ("stale", exc.rejection)
+        except Exception as exc:
+            outcome = ("error", exc)
+        finally:
+            self.current = None
+        elapsed = time.monotonic() - started
+        report = Report(
+            compute_seconds=max(elapsed - ctx.waits["db"] - ctx.waits["storage"], 0.0),
+            db_wait_seconds=ctx.waits["db"], storage_wait_seconds=ctx.waits["storage"], usage=ctx.usage or None,
+        )
+        self._settle(ctx, kind, outcome, report, secrets)
+        self.jobs_done += 1
+
+    def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report, secrets: list[str]) -> None:
+        lease = ctx.lease
+        what, value = outcome
+        if ctx.rejection is not None and what != "ok":
+            # The engine already told us this attempt is stale: nothing it says may count.
+            log.info("job %s attempt %s stopped after rejection %s", lease.job_id, ctx.attempt, ctx.rejection.value)
+            return
+        if what == "stale":
+            return
+        if what == "ok":
+            self._report(
+                lease,
+                lambda: leases.complete(
+                    job_id=lease.job_id, lease_token=lease.lease_token, result=value, state_delta=ctx.state_delta, report=report
+                ),
+                Outcome.SUCCEEDED,
+            )
+            return
+        if what == "interrupted" and value == "shutdown":
+            self._report(
+                lease,
+                lambda: leases.release(
+                    job_id=lease.job_id, lease_token=lease.lease_token, outcome=Outcome.INTERRUPTED,
+                    message="released at worker shutdown deadline",
+                ),
+                Outcome.INTERRUPTED,
+            )
+            return
+        if what == "interrupted" and value == "deadline":
+            error: BaseException = TerminalFailure("the job's overall deadline passed during the attempt")
+            reason = FailureReason.DEADLINE_EXCEEDED
+        elif what == "interrupted":
+            error = AttemptTimeout(f"attempt exceeded its time limit of {lease.timeout_seconds:g}s")
+            reason = FailureReason.FATAL
+        else:
+            error = value
+            reason = FailureReason.TERMINAL if isinstance(error, TerminalFailure) else FailureReason.FATAL
+        error_class = type(error).__name__
+        if isinstance(error, TerminalFailure) and error.code != "terminal":
+            error_class = f"{error_class}:{error.code}"
+        message = redact_text(str(error), secrets=secrets)
+        if isinstance(error, Retryable):
+            if lease.attempts < lease.max_attempts:
+                delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts)
+                self._report(
+                    lease,
+                    lambda: leases.retry_later(
+                        job_id=lease.job_id, lease_token=lease.lease_token, delay_seconds=delay,
+                        error_class=error_class, message=message, report=report,
+                    ),
+                    Outcome.RETRY,
+                )
+                return
+            reason = FailureReason.ATTEMPTS_EXHAUSTED
+        self._report(
+            lease,
+            lambda: leases.fail(
+                job_id=lease.job_id, lease_token=lease.lease_token, reason=reason, error_class=error_class,
+                message=message, report=report,
+            ),
+            Outcome.FAILED,
+        )
+
+    def _report(self, lease: Lease, call: Any, outcome: str) -> Rejection | None:
+        """Send a report, retrying through a dropped connection; handle each rejection by name."""
+        rejection: Rejection | None = None
+        for attempt in range(4):
+            try:
+                rejection = call()
+                break
+            except (OperationalError, InterfaceError) as exc:
+                # The commit may or may not have happened; the repeat answers already_recorded if it did.
+                log.warning("job %s: reporting %s failed (%s); retrying", lease.job_id, outcome, type(exc).__name__)
+                connection.close()
+                time.sleep(0.2 * 2**attempt)
+        else:
+            log.error("job %s: could not report %s; the lease will expire and the reaper decides", lease.job_id, outcome)
+            return None
+        if rejection is None or rejection is Rejection.ALREADY_RECORDED:
+            return rejection  # already_recorded: our earlier report landed; that is success
+        if rejection is Rejection.JOB_CANCELLED:
+            log.info("job %s was cancelled while running; its %s report was discarded", lease.job_id, outcome)
+        elif rejection is Rejection.LEASE_SUPERSEDED:
+            log.warning("job %s is owned by a newer attempt; this attempt's %s report was discarded", lease.job_id, outcome)
+        elif rejection is Rejection.LEASE_EXPIRED:
+            log.warning("job %s: lease expired before the %s report; the reaper requeues or fails it", lease.job_id, outcome)
+        return rejection
+
+    def drain(self, *, first_job_id: int | None, origin_queue: str) -> int:
+        """Claim and run the named job, then further due jobs, within the batch bounds."""
+        self.ensure_heartbeat()
+        with self._alarms():
+            return self._drain(first_job_id=first_job_id, origin_queue=origin_queue)
+
+    def _drain(self, *, first_job_id: int | None, origin_queue: str) -> int:
+        served = [k.key for k in kinds.served()]
+        queues = self.queues or [origin_queue]
+        batch = int(settings.KOALA_DRAIN_BATCH)
+        stop_at = time.monotonic() + float(settings.KOALA_DRAIN_SECONDS)
+        ran = 0
+        if first_job_id is not None and not self.shutdown_requested.is_set():
+            lease = leases.claim_job(job_id=first_job_id, worker=self.name, lease_seconds=self.lease_seconds)
+            if lease is not None:
+                self.run(lease)
+                ran += 1
+        exhausted = False
+        while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
+            lease = None
+            for queue in queues:
+                lease = leases.claim_next(queue=queue, served=served, worker=self.name, lease_seconds=self.lease_seconds)
+                if lease is not None:
+                    break
+            if lease is None:
+                exhausted = True
+                break
+            self.run(lease)
+            ran += 1
+        if not exhausted and not self.shutdown_requested.is_set():
+            # We stopped at the batch bound with work possibly left: ring so it continues.
+            from workers.services.maintenance import dispatch
+
+            dispatch()
+        return ran
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def get_runtime() -> WorkerRuntime:
+    global _runtime
+    if _runtime is None:
+        _runtime = WorkerRuntime()
+    return _runtime
+
+
+def deliver(job_id: int, version: int) -> int:
+    """The RQ entry. The message names a job and its contract version; nothing else.
+
+    Returns the number of jobs run. Never raises for a job's own failure: outcomes
+    are database state, and RQ's failure registry is not Koala's record.
+    """
+    close_old_connections()
+    from rq import get_current_job
+
+    current = get_current_job()
+    origin = current.origin if current is not None else "default"
+    runtime = get_runtime()
+    if runtime.queues is None and current is not None and current.worker_name:
+        runtime.name = current.worker_name
+    return runtime.drain(first_job_id=job_id, origin_queue=origin)
+

@@ -1,0 +1,253 @@
+"""Job lifecycle services used by people and code: enqueue, cancel, retry, requeue."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from koala.audit import record_audit
+from workers import doorbell, kinds
+from workers.errors import EnqueueError, JobStateError
+from workers.models import Attempt, Job, JobState, Outcome
+
+MAX_INPUT_BYTES = 16_384  # messages describe the work; customer data stays in the database
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    kind: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    version: int | None = None
+    queue: str | None = None
+    priority: int = 0
+    delay_seconds: float = 0.0
+    correlation_id: str = ""
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job_id: int
+    created: bool  # False: an earlier job with the same key and input was returned
+
+
+def input_fingerprint(kind: str, version: int, data: Mapping[str, Any]) -> str:
+    canonical = json.dumps({"k": kind, "v": version, "i": data}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
+    if spec.version is None:
+        kind = kinds.latest(spec.kind)
+    else:
+        found = kinds.get(spec.kind, spec.version)
+        if found is None:
+            kinds.latest(spec.kind)  # raises "unknown kind" when no version exists at all
+            raise EnqueueError(f"job kind {spec.kind!r} has no version {spec.version} in this process.")
+        kind = found
+    kind.check_input(spec.input)
+    try:
+        encoded = json.dumps(spec.input, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise EnqueueError(f"input for {kind.key} is not JSON-serializable: {exc}") from None
+    if len(encoded) > MAX_INPUT_BYTES:
+        raise EnqueueError(
+            f"input for {kind.key} is {len(encoded)} bytes; the limit is {MAX_INPUT_BYTES}. "
+            "Pass references (ids), not data."
+        )
+    key = spec.idempotency_key
+    if key is not None and (not key.strip() or len(key) > 200):
+        raise EnqueueError("idempotency_key must be 1-200 characters.")
+    if spec.delay_seconds < 0:
+        raise EnqueueError("delay_seconds cannot be negative.")
+    if not -32768 <= spec.priority <= 32767:
+        raise EnqueueError("priority must fit in a smallint (-32768..32767).")
+    return kind, input_fingerprint(kind.name, kind.version, spec.input), encoded
+
+
+_INSERT_COLUMNS = (
+    "kind, version, queue, input, input_fingerprint, idempotency_key, state, priority, delivery, "
+    "scheduled_at, deadline_at, attempts, max_attempts, timeout_seconds, lease_token, progress, run_state, "
+    "usage, error_class, error_message, correlation_id, trace_id, created_by, created_at, updated_at"
+)
+_ROW = "(%s, %s, %s, %s::jsonb, %s, %s, 'queued', %s, %s, %s, %s, 0, %s, %s, 0, '{}', '{}', '{}', '', '', %s, %s, %s, %s, %s)"
+
+
+def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[EnqueueResult]:
+    """Create jobs in one transaction and ring the doorbell after commit.
+
+    A reused idempotency key returns the existing job when the input matches and
+    raises EnqueueError (rolling back the whole batch) when it differs.
+    """
+    if not specs:
+        return []
+    now = timezone.now()
+    rows: list[tuple[Any, ...]] = []
+    prepared = []
+    seen_keys: dict[tuple[str, str], str] = {}
+    for spec in specs:
+        kind, fingerprint, encoded = _validated(spec)
+        if spec.idempotency_key is not None:
+            previous = seen_keys.setdefault((kind.name, spec.idempotency_key), fingerprint)
+            if previous != fingerprint:
+                raise EnqueueError(f"idempotency key {spec.idempotency_key!r} appears twice in the batch with different input.")
+        trace_id = secrets.token_hex(16)
+        deadline = now + timedelta(seconds=kind.deadline_seconds) if kind.deadline_seconds else None
+        rows.append(
+            (
+                kind.name, kind.version, spec.queue or kind.queue, encoded, fingerprint, spec.idempotency_key,
+                spec.priority, kind.delivery, now + timedelta(seconds=spec.delay_seconds), deadline,
+                kind.max_attempts, kind.timeout_seconds, spec.correlation_id or trace_id, trace_id, created_by, now, now,
+            )
+        )
+        prepared.append((kind, fingerprint))
+
+    results: list[EnqueueResult] = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            cursor.execute(
+                f"INSERT INTO workers_job ({_INSERT_COLUMNS}) VALUES {', '.join([_ROW] * len(chunk))} "
+                "ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING "
+                "RETURNING trace_id, id",
+                [value for row in chunk for value in row],
+            )
+            # trace_id is fresh per row, so it maps RETURNING rows (which keep no order) back to specs.
+            inserted = dict(cursor.fetchall())
+            for offset, row in enumerate(chunk):
+                kind, fingerprint = prepared[start + offset]
+                job_id = inserted.get(row[13])
+                if job_id is not None:
+                    results.append(EnqueueResult(job_id=job_id, created=True))
+                    continue
+                # Only a key conflict skips a row: compare inputs before handing back the earlier job.
+                key = row[5]
+                cursor.execute(
+                    "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s",
+                    [kind.name, key],
+                )
+                existing_id, existing_fingerprint = cursor.fetchone()
+                if existing_fingerprint != fingerprint:
+                    raise EnqueueError(
+                        f"idempotency key {key!r} was already used for a {kind.name} job (#{existing_id}) "
+                        "with different input; nothing was enqueued."
+                    )
+                results.append(EnqueueResult(job_id=existing_id, created=False))
+        if created_by:
+            record_audit(
+                actor=created_by, action="enqueue", target_type="job",
+                target_id=",".join(str(r.job_id) for r in results[:20]) + ("…" if len(results) > 20 else ""),
+                details={"count": len(results), "kinds": sorted({s.kind for s in specs})},
+            )
+        to_ring: dict[str, list[tuple[int, int]]] = {}
+        for result, row in zip(results, rows, strict=True):
+            if result.created and row[8] <= now:
+                to_ring.setdefault(row[2], []).append((result.job_id, row[1]))
+        # The doorbell must ring only for committed jobs, or a worker could look before the row exists.
+        transaction.on_commit(lambda: [doorbell.ring(queue, jobs) for queue, jobs in to_ring.items()])
+    return results
+
+
+def enqueue(
+    *,
+    kind: str,
+    input: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    version: int | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    delay_seconds: float = 0.0,
+    correlation_id: str = "",
+    created_by: str = "",
+) -> EnqueueResult:
+    spec = JobSpec(
+        kind=kind, input=input if input is not None else {}, idempotency_key=idempotency_key, version=version,
+        queue=queue, priority=priority, delay_seconds=delay_seconds, correlation_id=correlation_id,
+    )
+    return enqueue_many(specs=[spec], created_by=created_by)[0]
+
+
+def _locked_job(job_id: int) -> Job:
+    try:
+        return Job.objects.select_for_update().get(pk=job_id)
+    except Job.DoesNotExist:
+        raise JobStateError(f"job {job_id} does not exist.") from None
+
+
+def _finish_live_attempt(job: Job, outcome: str, message: str) -> None:
+    Attempt.objects.filter(job=job, lease_token=job.lease_token, finished_at__isnull=True).update(
+        outcome=outcome, finished_at=timezone.now(), error_message=message
+    )
+
+
+def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
+    """Cancel a queued or running job. A running body learns at its next heartbeat
+    (job_cancelled) and any report it makes afterwards is rejected."""
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.is_terminal:
+            raise JobStateError(f"job {job_id} is already {job.state}; terminal states never change.")
+        previous = job.state
+        if job.state == JobState.RUNNING:
+            _finish_live_attempt(job, Outcome.CANCELLED, f"cancelled by {actor}")
+        job.state = JobState.CANCELLED
+        job.lease_holder = None
+        job.lease_expires_at = None
+        job.finished_at = timezone.now()
+        job.error_message = reason[:500]
+        job.save(update_fields=["state", "lease_holder", "lease_expires_at", "finished_at", "error_message", "updated_at"])
+        record_audit(actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]})
+    return job
+
+
+def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
+    """Run a failed or cancelled job again, as a new job linked to the old one.
+
+    Terminal states never revert, so the old record keeps its outcome.
+    """
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.state not in (JobState.FAILED, JobState.CANCELLED):
+            raise JobStateError(f"job {job_id} is {job.state}; only failed or cancelled jobs can be retried.")
+        if kinds.get(job.kind, job.version) is None:
+            raise JobStateError(f"job kind {job.kind}@{job.version} is not registered here; cannot retry it.")
+        result = enqueue(kind=job.kind, version=job.version, input=job.input, queue=job.queue, priority=job.priority,
+                         correlation_id=job.correlation_id)
+        Job.objects.filter(pk=result.job_id).update(retry_of=job)
+        record_audit(actor=actor, action="retry", target_type="job", target_id=job_id, details={"new_job": result.job_id})
+    return result
+
+
+def requeue_job(*, job_id: int, actor: str) -> Job:
+    """Make a waiting job due now, or take a running job away from its (stuck) holder.
+
+    Taking a running job fences the holder: its next write is rejected as
+    lease_superseded once the job is claimed again.
+    """
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.is_terminal:
+            raise JobStateError(f"job {job_id} is {job.state}; use retry for a finished job.")
+        previous = job.state
+        if job.state == JobState.RUNNING:
+            _finish_live_attempt(job, Outcome.INTERRUPTED, f"requeued by {actor}")
+            job.lease_holder = None
+            job.lease_expires_at = None
+            job.state = JobState.QUEUED
+            if job.attempts >= job.max_attempts:
+                job.max_attempts = job.attempts + 1  # an operator's requeue grants the attempt it asks for
+        job.scheduled_at = timezone.now()
+        job.save()
+        record_audit(actor=actor, action="requeue", target_type="job", target_id=job_id, details={"from": previous})
+        queue, ring_job = job.queue, (job.pk, job.version)
+        transaction.on_commit(lambda: doorbell.ring(queue, [ring_job]))
+    return job
+

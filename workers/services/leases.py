@@ -1,0 +1,253 @@
+"""Lease services: claim, heartbeat, complete, fail, release. The machine loop.
+
+Every write after the claim names the attempt's fencing token:
+``UPDATE … WHERE id = %s AND lease_token = %s AND state = 'running' …``.
+Zero rows means the attempt is stale; ``rejection_for`` then names why, from the
+closed set in ``workers.errors.Rejection``. Never check-then-write: the row count
+of the conditional write is the decision.
+
+These run once or twice per job, so they are hand-written SQL (one statement, one
+commit each) rather than ORM sequences: the engine's whole overhead per job is
+enqueue + claim + complete = three commits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from koala.redaction import redact_text
+from workers.errors import Rejection
+from workers.models import FailureReason, JobState, Outcome
+
+
+@dataclass(frozen=True)
+class Lease:
+    job_id: int
+    attempt_id: int
+    kind: str
+    version: int
+    queue: str
+    input: dict[str, Any]
+    run_state: dict[str, Any]
+    progress: dict[str, Any]
+    lease_token: int
+    attempts: int
+    max_attempts: int
+    delivery: str
+    timeout_seconds: float
+    deadline_at: datetime | None
+    correlation_id: str
+    trace_id: str
+    idempotency_key: str | None
+
+
+_LEASE_COLUMNS = (
+    "c.id, a.id, c.kind, c.version, c.queue, c.input, c.run_state, c.progress, c.lease_token, c.attempts, "
+    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key"
+)
+
+# One statement claims the row (the conditional UPDATE whose row count decides the winner),
+# bumps the fencing token and inserts the attempt, so claim and attempt commit together.
+_CLAIM_SQL = """
+WITH picked AS (
+    SELECT id FROM workers_job
+    WHERE {where} AND state = 'queued' AND scheduled_at <= now()
+      AND (deadline_at IS NULL OR deadline_at > now())
+    ORDER BY priority DESC, scheduled_at, id
+    FOR UPDATE SKIP LOCKED
+    LIMIT 1
+), c AS (
+    UPDATE workers_job j
+    SET state = 'running', lease_token = j.lease_token + 1, lease_holder = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
+        attempts = j.attempts + 1, updated_at = now()
+    FROM picked WHERE j.id = picked.id AND j.state = 'queued'
+    RETURNING j.*
+), a AS (
+    INSERT INTO workers_attempt (job_id, number, worker_id, lease_token, started_at, heartbeat_at, usage, error_class, error_message)
+    SELECT c.id, (SELECT count(*) FROM workers_attempt x WHERE x.job_id = c.id) + 1, %(worker)s, c.lease_token,
+           now(), now(), '{{}}', '', ''
+    FROM c
+    RETURNING id, job_id
+)
+SELECT """ + _LEASE_COLUMNS + " FROM c JOIN a ON a.job_id = c.id"
+
+
+def _json(value: Any) -> Any:
+    # Django registers a jsonb loader that returns text (it decodes in from_db_value).
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _lease(row: Sequence[Any]) -> Lease:
+    values = list(row)
+    for index in (5, 6, 7):  # input, run_state, progress
+        values[index] = _json(values[index])
+    return Lease(*values)
+
+
+def claim_job(*, job_id: int, worker: str, lease_seconds: float) -> Lease | None:
+    """Claim one specific job (the one an RQ message named), if it is still queued and due.
+
+    A duplicate delivery finds it running or finished and gets None: a no-op.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(where="id = %(job_id)s"), {"job_id": job_id, "worker": worker, "lease": lease_seconds})
+        row = cursor.fetchone()
+    return _lease(row) if row else None
+
+
+def claim_next(*, queue: str, served: Sequence[str], worker: str, lease_seconds: float) -> Lease | None:
+    """Claim the next due job in ``queue`` among the served "kind@version" pairs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL.format(where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s)"),
+            {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds},
+        )
+        row = cursor.fetchone()
+    return _lease(row) if row else None
+
+
+def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None) -> Rejection:
+    """Why a fenced write by attempt ``lease_token`` matched no row.
+
+    ``reporting`` is the outcome the attempt tried to record; if exactly that is already
+    stored for this attempt, the repeat is ``already_recorded`` (the worker treats it as done).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT j.state, j.lease_token, a.outcome FROM workers_job j "
+            "LEFT JOIN workers_attempt a ON a.job_id = j.id AND a.lease_token = %s WHERE j.id = %s",
+            [lease_token, job_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return Rejection.LEASE_SUPERSEDED
+    state, current_token, my_outcome = row
+    if reporting is not None and my_outcome == reporting and current_token == lease_token:
+        return Rejection.ALREADY_RECORDED
+    if state == JobState.CANCELLED:
+        return Rejection.JOB_CANCELLED
+    if current_token != lease_token:
+        return Rejection.LEASE_SUPERSEDED
+    return Rejection.LEASE_EXPIRED
+
+
+def heartbeat(*, job_id: int, lease_token: int, lease_seconds: float, progress: dict[str, Any] | None = None) -> Rejection | None:
+    """Extend the lease and store a progress checkpoint. None means the lease is still ours."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH j AS (
+                UPDATE workers_job
+                SET lease_expires_at = now() + make_interval(secs => %s), heartbeat_at = now(),
+                    progress = COALESCE(%s::jsonb, progress), updated_at = now()
+                WHERE id = %s AND lease_token = %s AND state = 'running' AND lease_expires_at > now()
+                RETURNING id
+            )
+            UPDATE workers_attempt SET heartbeat_at = now()
+            WHERE job_id IN (SELECT id FROM j) AND lease_token = %s
+            RETURNING id
+            """,
+            [lease_seconds, json.dumps(progress) if progress is not None else None, job_id, lease_token, lease_token],
+        )
+        if cursor.fetchone():
+            return None
+    return rejection_for(job_id=job_id, lease_token=lease_token)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What an attempt reports at its end, besides the outcome."""
+
+    compute_seconds: float = 0.0
+    db_wait_seconds: float = 0.0
+    storage_wait_seconds: float = 0.0
+    usage: dict[str, Any] | None = None
+
+
+def _settle(
+    *, job_id: int, lease_token: int, job_set: str, job_params: list[Any], outcome: str, report: Report,
+    error_class: str = "", error_message: str = "",
+) -> Rejection | None:
+    usage = report.usage or {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH j AS (
+                UPDATE workers_job
+                SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
+                    usage = usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{{}}')
+                                      FROM jsonb_each_text(%s::jsonb) AS u(k, v))
+                WHERE id = %s AND lease_token = %s AND state = 'running' AND lease_expires_at > now()
+                RETURNING id
+            )
+            UPDATE workers_attempt
+            SET outcome = %s, finished_at = now(), error_class = %s, error_message = %s, compute_seconds = %s,
+                db_wait_seconds = %s, storage_wait_seconds = %s, usage = %s::jsonb
+            WHERE job_id IN (SELECT id FROM j) AND lease_token = %s
+            RETURNING id
+            """,
+            [
+                *job_params, json.dumps(usage), job_id, lease_token,
+                outcome, error_class[:200], error_message, report.compute_seconds, report.db_wait_seconds,
+                report.storage_wait_seconds, json.dumps(usage), lease_token,
+            ],
+        )
+        if cursor.fetchone():
+            return None
+    return rejection_for(job_id=job_id, lease_token=lease_token, reporting=outcome)
+
+
+def complete(
+    *, job_id: int, lease_token: int, result: Any = None, state_delta: dict[str, Any] | None = None, report: Report = Report()
+) -> Rejection | None:
+    """Record success: store the result and merge the state delta into run_state by top-level key."""
+    return _settle(
+        job_id=job_id, lease_token=lease_token,
+        job_set="state = 'succeeded', result = %s::jsonb, run_state = run_state || %s::jsonb, finished_at = now()",
+        job_params=[json.dumps(result, default=str), json.dumps(state_delta or {}, default=str)],
+        outcome=Outcome.SUCCEEDED, report=report,
+    )
+
+
+def retry_later(
+    *, job_id: int, lease_token: int, delay_seconds: float, error_class: str, message: str, report: Report = Report()
+) -> Rejection | None:
+    """A retryable failure within the attempt budget: back to the queue after ``delay_seconds``."""
+    text = redact_text(message)
+    return _settle(
+        job_id=job_id, lease_token=lease_token,
+        job_set="state = 'queued', scheduled_at = now() + make_interval(secs => %s), error_class = %s, error_message = %s",
+        job_params=[delay_seconds, error_class[:200], text],
+        outcome=Outcome.RETRY, report=report, error_class=error_class, error_message=text,
+    )
+
+
+def fail(
+    *, job_id: int, lease_token: int, reason: FailureReason, error_class: str, message: str, report: Report = Report()
+) -> Rejection | None:
+    """A terminal outcome: typed failure, fatal error or spent attempt budget."""
+    text = redact_text(message)
+    return _settle(
+        job_id=job_id, lease_token=lease_token,
+        job_set="state = 'failed', failure_reason = %s, error_class = %s, error_message = %s, finished_at = now()",
+        job_params=[reason.value, error_class[:200], text],
+        outcome=Outcome.FAILED, report=report, error_class=error_class, error_message=text,
+    )
+
+
+def release(*, job_id: int, lease_token: int, outcome: str, message: str = "", delay_seconds: float = 0.0) -> Rejection | None:
+    """Give the job back without using an attempt: graceful shutdown or an unservable kind."""
+    if outcome not in (Outcome.INTERRUPTED, Outcome.UNSERVABLE):
+        raise ValueError(f"release cannot record {outcome!r}")
+    return _settle(
+        job_id=job_id, lease_token=lease_token,
+        job_set="state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %s)",
+        job_params=[delay_seconds], outcome=outcome, report=Report(), error_message=message,
+    )

@@ -1,0 +1,109 @@
+"""The beat's work: reap expired leases, fail jobs past their deadline, re-ring the doorbell.
+
+Every step is a conditional UPDATE, so any number of koala_beat replicas can run at
+once: a row changes once, whichever replica gets there first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from workers import doorbell
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    orphaned: int
+    requeued: int
+    failed: int
+    deadline_failed: int
+
+
+def reap(*, grace_seconds: float | None = None) -> ReapReport:
+    """Expired lease → attempt orphaned. After the grace period: at_least_once requeues
+    (if attempts remain), at_most_once fails with reason ``orphaned``."""
+    grace = settings.KOALA_ORPHAN_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE workers_attempt a
+            SET outcome = 'orphaned', finished_at = now(),
+                error_message = 'lease expired at ' || to_char(j.lease_expires_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ' without a report'
+            FROM workers_job j
+            WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
+              AND j.state = 'running' AND j.lease_expires_at < now()
+            """
+        )
+        orphaned = cursor.rowcount
+        cursor.execute(
+            """
+            UPDATE workers_job
+            SET state = 'queued', scheduled_at = now(), lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
+                error_class = 'LeaseExpired', error_message = 'the previous attempt''s lease expired; requeued'
+            WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+              AND delivery = 'at_least_once' AND attempts < max_attempts
+              AND (deadline_at IS NULL OR deadline_at > now())
+            RETURNING id, queue, version
+            """,
+            [grace],
+        )
+        requeued_rows = cursor.fetchall()
+        cursor.execute(
+            """
+            UPDATE workers_job
+            SET state = 'failed', failure_reason = 'orphaned', lease_holder = NULL, lease_expires_at = NULL,
+                finished_at = now(), updated_at = now(), error_class = 'LeaseExpired',
+                error_message = CASE WHEN delivery = 'at_most_once'
+                    THEN 'lease expired; at_most_once does not run a body twice'
+                    ELSE 'lease expired and no attempts or time remain' END
+            WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+            """,
+            [grace],
+        )
+        failed = cursor.rowcount
+        cursor.execute(
+            """
+            UPDATE workers_job
+            SET state = 'failed', failure_reason = 'deadline_exceeded', finished_at = now(), updated_at = now(),
+                error_class = 'DeadlineExceeded', error_message = 'the job''s overall deadline passed before it ran'
+            WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at <= now()
+            """
+        )
+        deadline_failed = cursor.rowcount
+        by_queue: dict[str, list[tuple[int, int]]] = {}
+        for job_id, queue, version in requeued_rows:
+            by_queue.setdefault(queue, []).append((job_id, version))
+        transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
+    return ReapReport(orphaned=orphaned, requeued=len(requeued_rows), failed=failed, deadline_failed=deadline_failed)
+
+
+def dispatch(*, depth: int | None = None) -> int:
+    """Ring the doorbell for every queue with due jobs, from database state alone.
+
+    This is what makes Redis disposable: after a restart or FLUSHALL the queues are
+    empty, and the next tick pushes messages for the oldest due jobs again. Pushing
+    when a message already exists is harmless (a duplicate delivery is a no-op).
+    """
+    limit = settings.KOALA_DOORBELL_DEPTH if depth is None else depth
+    with connection.cursor() as cursor:
+        # LATERAL keeps each queue's lookup on the claim index; no full scan of queued rows.
+        cursor.execute(
+            """
+            SELECT q.queue, d.id, d.version
+            FROM (SELECT DISTINCT queue FROM workers_job WHERE state = 'queued' AND scheduled_at <= now()) q
+            CROSS JOIN LATERAL (
+                SELECT id, version FROM workers_job
+                WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now()
+                ORDER BY priority DESC, scheduled_at, id LIMIT %s
+            ) d
+            """,
+            [limit],
+        )
+        rows = cursor.fetchall()
+    by_queue: dict[str, list[tuple[int, int]]] = {}
+    for queue, job_id, version in rows:
+        by_queue.setdefault(queue, []).append((job_id, version))
+    return sum(doorbell.ring(queue, jobs, depth=limit) for queue, jobs in by_queue.items())
