@@ -67,6 +67,7 @@ class JobContext:
             now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
         )
         self.stale_stop_at: float | None = None
+        self.last_beat_at = now
 
     # -- body API ----------------------------------------------------------------
     def progress(self, **checkpoint: Any) -> None:
@@ -197,11 +198,18 @@ class WorkerRuntime:
             self._heartbeat.start()
 
     def _heartbeat_loop(self) -> None:
-        interval = float(settings.KOALA_HEARTBEAT_SECONDS)
+        # Polls often but writes only when the current attempt's beat is due, so a
+        # new attempt never waits out a long sleep begun during the previous one.
         while True:
-            time.sleep(interval)
+            interval = float(settings.KOALA_HEARTBEAT_SECONDS)
+            time.sleep(min(interval, 0.25))
             ctx = self.current
-            if ctx is not None and ctx.rejection is None:
+            if ctx is None:
+                # Idle: hold no database session (lets a deploy or test drop the database).
+                connection.close()
+                continue
+            if ctx.rejection is None and time.monotonic() - ctx.last_beat_at >= interval:
+                ctx.last_beat_at = time.monotonic()
                 self.beat(ctx)
 
     def beat(self, ctx: JobContext) -> None:

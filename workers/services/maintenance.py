@@ -106,4 +106,6 @@ def dispatch(*, depth: int | None = None) -> int:
     by_queue: dict[str, list[tuple[int, int]]] = {}
     for queue, job_id, version in rows:
         by_queue.setdefault(queue, []).append((job_id, version))
-    return sum(doorbell.ring(queue, jobs, depth=limit) for queue, jobs in by_queue.items())
+    # Aim for one pending message per due job (up to the depth): fewer would leave
+    # workers idle, more would only wake them for nothing.
+    return sum(doorbell.ring(queue, jobs, depth=len(jobs)) for queue, jobs in by_queue.items())

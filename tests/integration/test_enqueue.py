@@ -1,0 +1,115 @@
+"""Enqueue against real PostgreSQL and Redis: idempotency, bad input, after-commit doorbell."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from koala.models import AuditEvent
+from workers import doorbell
+from workers.errors import EnqueueError
+from workers.models import Job
+from workers.services.jobs import JobSpec, enqueue, enqueue_many
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def pending_messages(queue: str = "default") -> int:
+    return doorbell.rq_queue(queue).count
+
+
+def test_enqueue_creates_job_and_rings_after_commit(redis_clean: None) -> None:
+    with transaction.atomic():
+        result = enqueue(kind="noop", input={"n": 1})
+        # Nothing rings before commit: a worker must never look before the row exists.
+        assert pending_messages() == 0
+    assert result.created
+    job = Job.objects.get(pk=result.job_id)
+    assert (job.kind, job.version, job.state, job.attempts, job.queue) == ("noop", 1, "queued", 0, "default")
+    assert pending_messages() == 1
+    message = doorbell.rq_queue("default").jobs[0]
+    # The message carries the job id and contract version, nothing else.
+    assert message.args == (result.job_id, 1)
+    assert message.kwargs == {}
+
+
+def test_same_key_same_input_returns_existing(redis_clean: None) -> None:
+    first = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-1")
+    second = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-1")
+    assert second.job_id == first.job_id
+    assert (first.created, second.created) == (True, False)
+    assert Job.objects.count() == 1
+
+
+def test_same_key_other_input_is_an_error_and_changes_nothing(redis_clean: None) -> None:
+    first = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-2")
+    before = list(Job.objects.values())
+    with pytest.raises(EnqueueError, match="already used .* different input"):
+        enqueue(kind="noop", input={"a": 2}, idempotency_key="k-2")
+    assert list(Job.objects.values()) == before
+    assert Job.objects.get(pk=first.job_id).input == {"a": 1}
+
+
+def test_key_is_unique_per_kind_not_global(redis_clean: None) -> None:
+    a = enqueue(kind="noop", input={}, idempotency_key="shared")
+    b = enqueue(kind="sleep", input={"seconds": 0}, idempotency_key="shared")
+    assert a.job_id != b.job_id
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (JobSpec(kind="no-such-kind"), "unknown job kind"),
+        (JobSpec(kind="sleep", input={}), "missing required field"),
+        (JobSpec(kind="sleep", input={"seconds": "soon"}), "invalid"),
+        (JobSpec(kind="noop", input=["not", "an", "object"]), "must be a JSON object"),  # type: ignore[arg-type]
+        (JobSpec(kind="noop", input={"blob": "x" * 20_000}), "Pass references"),
+        (JobSpec(kind="noop", version=99), "has no version 99"),
+        (JobSpec(kind="noop", idempotency_key=" "), "idempotency_key"),
+        (JobSpec(kind="noop", delay_seconds=-1), "negative"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_no_row_changes(redis_clean: None, spec: JobSpec, message: str) -> None:
+    existing = enqueue(kind="noop", input={"keep": True}, idempotency_key="keep")
+    before = list(Job.objects.values())
+    with pytest.raises(EnqueueError, match=message):
+        enqueue_many(specs=[JobSpec(kind="noop", input={"n": 1}), spec])
+    # The whole batch is refused: the valid first spec was not inserted either.
+    assert list(Job.objects.values()) == before
+    assert Job.objects.get(pk=existing.job_id).input == {"keep": True}
+
+
+def test_enqueue_many_batches_and_bounds_doorbell(redis_clean: None, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.KOALA_DOORBELL_DEPTH = 3
+    results = enqueue_many(specs=[JobSpec(kind="noop", input={"n": n}) for n in range(50)])
+    assert len({r.job_id for r in results}) == 50
+    assert [r.job_id for r in results] == sorted(r.job_id for r in results)
+    assert Job.objects.filter(state="queued").count() == 50
+    # Redis holds a bounded doorbell, not one message per job.
+    assert pending_messages() == 3
+
+
+def test_rolled_back_enqueue_leaves_nothing(redis_clean: None) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue(kind="noop", input={})
+        raise RuntimeError("caller's transaction fails")
+    assert Job.objects.count() == 0
+    assert pending_messages() == 0
+
+
+def test_enqueue_by_a_person_is_audited(redis_clean: None) -> None:
+    result = enqueue(kind="noop", input={}, created_by="alice")
+    event = AuditEvent.objects.get(action="enqueue")
+    assert event.actor == "alice"
+    assert str(result.job_id) in event.target_id
+
+
+def test_enqueue_survives_redis_being_down(settings) -> None:  # type: ignore[no-untyped-def]
+    # Redis is a doorbell: with it unreachable the job is still durably queued.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    doorbell.reset_connection()
+    try:
+        result = enqueue(kind="noop", input={})
+    finally:
+        doorbell.reset_connection()
+    assert Job.objects.get(pk=result.job_id).state == "queued"

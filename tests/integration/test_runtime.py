@@ -1,0 +1,148 @@
+"""The runtime in this process (main thread, so time limits use real SIGALRM) on real services."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from workers import kinds
+from workers.models import Attempt, Job
+from workers.runtime import get_runtime
+from workers.services.jobs import cancel_job, enqueue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain() -> int:
+    return get_runtime().drain(first_job_id=None, origin_queue="default")
+
+
+def drain_until_finished(job_id: int, timeout: float = 15) -> Job:
+    """Drain as the dispatcher's re-rings would, until the job reaches a terminal state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        drain()
+        job = Job.objects.get(pk=job_id)
+        if job.is_terminal:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not finish within {timeout}s")
+
+
+def test_success_records_result_state_and_timing(redis_clean: None) -> None:
+    job_id = enqueue(kind="sleep", input={"seconds": 0.2}).job_id
+    assert drain() == 1
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.result, job.run_state) == ("succeeded", {"slept": 0.2}, {"slept": 0.2})
+    attempt = Attempt.objects.get(job_id=job_id)
+    assert attempt.outcome == "succeeded"
+    assert attempt.compute_seconds is not None and attempt.compute_seconds >= 0.2
+    assert attempt.worker_id == get_runtime().name
+
+
+def test_retryable_backs_off_with_full_jitter_and_stops_at_max(redis_clean: None) -> None:
+    kind = kinds.get("transient", 1)
+    assert kind is not None
+    job_id = enqueue(kind="transient", input={}).job_id
+    job = drain_until_finished(job_id)
+    assert (job.state, job.failure_reason, job.attempts) == ("failed", "attempts_exhausted", kind.max_attempts)
+    attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
+    assert [a.outcome for a in attempts] == ["retry"] * (kind.max_attempts - 1) + ["failed"]
+    for earlier, later in zip(attempts, attempts[1:], strict=False):
+        assert earlier.finished_at is not None
+        waited = (later.started_at - earlier.finished_at).total_seconds()
+        ceiling = min(kind.backoff_cap, kind.backoff_base * 2 ** (earlier.number - 1))
+        # Claimed no earlier than its backoff allows; the upper bound is checked on scheduled_at below.
+        assert waited >= 0
+        assert waited <= ceiling + 0.5  # re-drained promptly once due
+    assert "503" in job.error_message
+
+
+def test_backoff_delays_stay_inside_the_full_jitter_window(redis_clean: None) -> None:
+    kind = kinds.get("transient", 1)
+    assert kind is not None
+    samples = {n: [kind.backoff_seconds(n) for _ in range(500)] for n in range(1, 8)}
+    for n, values in samples.items():
+        ceiling = min(kind.backoff_cap, kind.backoff_base * 2 ** (n - 1))
+        assert all(0 <= v <= ceiling for v in values)
+        assert max(values) > ceiling * 0.8  # really spread over the window, not a constant
+        assert min(values) < ceiling * 0.2
+
+
+def test_retry_is_scheduled_inside_the_window(redis_clean: None) -> None:
+    kind = kinds.get("transient", 1)
+    assert kind is not None
+    job_id = enqueue(kind="transient", input={}).job_id
+    runtime = get_runtime()
+    from workers.services import leases
+
+    lease = leases.claim_job(job_id=job_id, worker=runtime.name, lease_seconds=30)
+    assert lease is not None
+    runtime.run(lease)
+    job = Job.objects.get(pk=job_id)
+    attempt = Attempt.objects.get(job_id=job_id)
+    assert job.state == "queued" and attempt.outcome == "retry"
+    assert attempt.finished_at is not None
+    delay = (job.scheduled_at - attempt.finished_at).total_seconds()
+    assert -0.05 <= delay <= min(kind.backoff_cap, kind.backoff_base) + 0.05
+
+
+def test_terminal_failure_does_not_retry(redis_clean: None) -> None:
+    job_id = enqueue(kind="terminal", input={}).job_id
+    drain()
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.failure_reason, job.attempts) == ("failed", "terminal", 1)
+    assert job.error_class == "TerminalFailure:unauthorized"
+    assert Attempt.objects.filter(job_id=job_id).count() == 1
+
+
+def test_unknown_errors_are_fatal_and_secrets_never_stored(redis_clean: None) -> None:
+    card, bearer = "4242424242424242", "tok_live_abcdefghijklmnop"
+    job_id = enqueue(kind="boom", input={"card": card, "bearer": bearer}).job_id
+    drain()
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.failure_reason, job.attempts, job.error_class) == ("failed", "fatal", 1, "ValueError")
+    assert "charge failed" in job.error_message
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT j.error_message || a.error_message || a.error_class || j.error_class "
+            "FROM workers_job j JOIN workers_attempt a ON a.job_id = j.id WHERE j.id = %s",
+            [job_id],
+        )
+        stored = cursor.fetchone()[0]
+    assert card not in stored and bearer not in stored
+    assert "Traceback" not in stored and "File \"" not in stored
+
+
+def test_attempt_time_limit_interrupts_an_uncooperative_body(redis_clean: None) -> None:
+    job_id = enqueue(kind="slow_uncooperative", input={"seconds": 30}).job_id
+    started = time.monotonic()
+    job = drain_until_finished(job_id)
+    assert time.monotonic() - started < 5
+    assert (job.state, job.failure_reason, job.attempts) == ("failed", "attempts_exhausted", 2)
+    assert list(Attempt.objects.filter(job_id=job_id).values_list("error_class", flat=True)) == ["AttemptTimeout"] * 2
+
+
+def test_operator_cancel_reaches_the_body_at_the_next_heartbeat(redis_clean: None, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.KOALA_HEARTBEAT_SECONDS = 0.1
+    job_id = enqueue(kind="sleep", input={"seconds": 20}).job_id
+
+    def cancel_soon() -> None:
+        try:
+            time.sleep(0.5)
+            cancel_job(job_id=job_id, actor="ops", reason="customer asked")
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel_soon)
+    canceller.start()
+    started = time.monotonic()
+    drain()
+    canceller.join()
+    assert time.monotonic() - started < 5  # stopped at a heartbeat, not after 20 s
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.result) == ("cancelled", None)
+    assert Attempt.objects.get(job_id=job_id).outcome == "cancelled"
