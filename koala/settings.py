@@ -64,6 +64,9 @@ try:
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
     KOALA_DEFAULT_MAX_ATTEMPTS = env.integer("KOALA_DEFAULT_MAX_ATTEMPTS", 5, minimum=1)
     KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds"])
+    if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
+        # django.tasks' @task functions run as the "django.task" kind on every worker.
+        KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
     KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
 except ConfigError as _exc:
     # A clear one-line message beats a traceback through the settings module.
@@ -142,6 +145,8 @@ RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
     for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])
 }
+
+TASKS = {"default": {"BACKEND": "workers.tasks_backend.KoalaTaskBackend", "QUEUES": list(RQ_QUEUES)}}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,59 @@
+"""Django's Tasks API targeting Koala: @task functions become fenced, durable Koala jobs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+
+from tests import django_tasks
+from workers.models import Job
+from workers.runtime import get_runtime
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_until_finished(result, queue: str = "default", timeout: float = 10):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        get_runtime().drain(first_job_id=None, origin_queue=queue)
+        result.refresh()
+        if result.is_finished:
+            return result
+        time.sleep(0.05)
+    raise AssertionError("task did not finish")
+
+
+def test_task_enqueues_a_koala_job_and_returns_its_value(redis_clean: None) -> None:
+    result = django_tasks.add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.kind, job.queue, job.input["args"]) == ("django.task", "default", [2, 3])
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1 and result.worker_ids == [get_runtime().name]
+
+
+def test_failing_task_is_failed_with_a_redacted_error(redis_clean: None) -> None:
+    result = django_tasks.explode.enqueue("password=hunter2hunter2")
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.queue, job.priority) == ("critical", 10)
+    run_until_finished(result, queue="critical")
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is RuntimeError
+    assert "hunter2hunter2" not in result.errors[0].traceback
+
+
+def test_retryable_task_gets_context_and_a_second_attempt(redis_clean: None) -> None:
+    result = django_tasks.which_attempt.enqueue(marker="m")
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 2, "marker": "m"}
+
+
+def test_unknown_result_id() -> None:
+    with pytest.raises(TaskResultDoesNotExist):
+        django_tasks.add.get_backend().get_result("999999")
