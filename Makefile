@@ -1,0 +1,74 @@
+# Koala developer tasks. `make` alone lists them.
+#
+# Everything runs from the project virtualenv .venv (created by scripts/bootstrap from the
+# hash-pinned requirements/*.txt). When DATABASE_URL / REDIS_URL are unset, `run`, `test` and
+# `bench` start embedded PostgreSQL / Redis under .koala-data/ (KOALA_DATA_DIR) for the
+# duration of the command; when they are set, those services are used instead.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+PY          := $(VENV)/bin/python
+WITH_SERVICES := $(PY) -m koala.embedded --
+PYTEST_ARGS ?=
+RUN_ARGS    ?=
+BENCH_ARGS  ?=
+PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
+
+.PHONY: help bootstrap run test lint format typecheck bench requirements clean
+
+help: ## Show this help
+	@echo "Koala make targets:"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
+	@echo
+	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
+	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
+
+bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
+	@scripts/bootstrap
+
+run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a worker + the scheduler
+	$(WITH_SERVICES) $(PY) manage.py koala_run $(RUN_ARGS)
+
+test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
+	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: bootstrap ## ruff check + ruff format --check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: bootstrap ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# mypy's Django plugin imports koala.settings, which refuses to load without the URLs;
+# nothing connects, so placeholders do when they are unset.
+typecheck: bootstrap ## mypy
+	DATABASE_URL="$${DATABASE_URL:-postgres://localhost/typecheck}" REDIS_URL="$${REDIS_URL:-redis://localhost:6379/0}" \
+		$(VENV)/bin/mypy .
+
+# The bench TRUNCATEs/FLUSHDBs what it is pointed at; embedded, it gets its own database and
+# Redis db (it refuses names without "bench" and Redis db 0), leaving make run's demo data alone.
+# The schema is migrated first (a fresh bench database has none).
+bench: bootstrap ## Throughput benchmark (bench/throughput.py; BENCH_ARGS=...)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/throughput.py "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes
+	@test -x $(VENV)/bin/pip-compile || scripts/bootstrap
+	cd requirements && ../$(PIP_COMPILE) --output-file=base.txt base.in
+	cd requirements && ../$(PIP_COMPILE) --output-file=dev.txt dev.in
+
+clean: ## Remove .venv, caches and the embedded data (.koala-data/: database, Redis, demo login)
+	@for pidfile in .koala-data/postgres/postmaster.pid .koala-data/redis/redis.pid; do \
+		pid=$$(head -n1 $$pidfile 2>/dev/null || true); \
+		if [ -n "$$pid" ] && ps -p "$$pid" -o comm= 2>/dev/null | grep -qE 'postgres|redis'; then \
+			echo "clean: an embedded service is running (pid $$pid from $$pidfile); stop make run/test first" >&2; \
+			exit 1; \
+		fi; \
+	done
+	rm -rf $(VENV) .koala-data .pytest_cache .mypy_cache .ruff_cache bench/results
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

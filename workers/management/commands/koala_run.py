@@ -1,0 +1,235 @@
+"""Run the whole local demo: migrate, seed, then web server + one worker + the scheduler.
+
+    manage.py koala_run [--host 127.0.0.1] [--port 8000] [--no-demo]
+
+`make run` calls this through koala.embedded, so it works with nothing but Python. The
+web server, worker and scheduler run as child processes (same environment, each in its
+own process group) with their output prefixed. Ctrl-C or SIGTERM sends SIGTERM to every
+child once, waits for them (the worker finishes or hands back its jobs), kills what is
+left after the grace period and exits 0; a second signal kills them at once. If a child
+exits on its own, the others are stopped and the command fails.
+
+Without DEBUG in the environment the command re-executes itself with DEBUG=true: this is
+a local demo, the admin must log in over plain http and runserver must serve its static
+files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+MIN_GRACE_SECONDS = 35.0
+FORCE_AFTER_SECONDS = 1.0  # a repeated signal sooner than this is the same Ctrl-C seen twice
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    pending: bytes = b""
+    reported: bool = False
+    output: IO[bytes] | None = field(default=None, repr=False)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGTERM the child if koala_run dies (even by SIGKILL)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return preexec
+
+
+class Command(BaseCommand):
+    help = "Run the local demo: migrate, koala_demo, then runserver + koala_worker + koala_beat until Ctrl-C."
+    # Checks run in handle(), once DEBUG is settled (koala.E001 refuses the dev SECRET_KEY without it).
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1", help="address for the web server (default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=8000, help="port for the web server (default 8000)")
+        parser.add_argument("--no-demo", action="store_true", help="skip koala_demo (admin user and demo jobs)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        debug_configured = "DEBUG" in os.environ or "DEBUG_FILE" in os.environ
+        if not debug_configured and sys.argv[1:2] == ["koala_run"]:
+            os.environ["DEBUG"] = "true"
+            self.stderr.write("koala_run: DEBUG is not set; using DEBUG=true for this local demo")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            manage_py = str(settings.BASE_DIR / "manage.py")
+            os.execv(sys.executable, [sys.executable, manage_py, *sys.argv[1:]])  # noqa: S606 - argv, no shell
+
+        if not options.get("skip_checks"):
+            self.check(display_num_errors=False)
+        verbosity = options["verbosity"]
+        try:
+            call_command("migrate", interactive=False, verbosity=verbosity)
+            if not options["no_demo"]:
+                call_command("koala_demo", verbosity=verbosity)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted before the services started") from None
+
+        env = dict(os.environ)
+        env.setdefault("DEBUG", "true")
+        env["PYTHONUNBUFFERED"] = "1"
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        address = f"{options['host']}:{options['port']}"
+        children = [
+            # --insecure: serve the admin's static files even if the user set DEBUG=false.
+            Child("web", [*manage, "runserver", "--noreload", "--insecure", address]),
+            Child("worker", [*manage, "koala_worker"]),
+            Child("beat", [*manage, "koala_beat"]),
+        ]
+        grace = max(MIN_GRACE_SECONDS, float(getattr(settings, "KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0)) + 5.0)
+        failure = Supervisor(self, children, env, grace).run(address)
+        if failure:
+            raise CommandError(failure)
+
+
+class Supervisor:
+    def __init__(self, command: Command, children: list[Child], env: dict[str, str], grace: float) -> None:
+        self.command = command
+        self.children = children
+        self.env = env
+        self.grace = grace
+        self.width = max(len(c.name) for c in children)
+        self.signals: list[tuple[int, float]] = []
+        sys.stdout.flush()  # what migrate/koala_demo printed goes first
+        self.out = sys.stdout.buffer
+
+    def say(self, message: str) -> None:
+        self.out.write(f"{'koala_run':>{self.width}} | {message}\n".encode())
+        self.out.flush()
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append((signum, time.monotonic()))
+
+    def start(self) -> None:
+        preexec = _die_with_parent()
+        for child in self.children:
+            child.proc = subprocess.Popen(
+                child.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=preexec,
+            )
+            assert child.proc.stdout is not None
+            child.output = child.proc.stdout
+            os.set_blocking(child.output.fileno(), False)
+
+    def pump(self, selector: selectors.BaseSelector, timeout: float) -> None:
+        for key, _ in selector.select(timeout):
+            child: Child = key.data
+            try:
+                chunk = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                selector.unregister(key.fd)
+                self.emit(child, final=True)
+                continue
+            child.pending += chunk
+            self.emit(child)
+
+    def emit(self, child: Child, final: bool = False) -> None:
+        *lines, child.pending = child.pending.split(b"\n")
+        if final and child.pending:
+            lines.append(child.pending)
+            child.pending = b""
+        prefix = f"{child.name:>{self.width}} | ".encode()
+        for line in lines:
+            self.out.write(prefix + line.rstrip(b"\r") + b"\n")
+        if lines:
+            self.out.flush()
+
+    def send(self, sig: int) -> None:
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                try:
+                    os.killpg(child.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def run(self, address: str) -> str | None:
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self.on_signal) for s in handled}
+        selector = selectors.DefaultSelector()
+        failure: str | None = None
+        stop_at: float | None = None
+        killed = False
+        try:
+            self.start()
+            for child in self.children:
+                assert child.output is not None
+                selector.register(child.output, selectors.EVENT_READ, child)
+            self.say(f"web, worker and beat started; admin at http://{address}/admin/ - Ctrl-C stops everything")
+            while True:
+                self.pump(selector, 0.2)
+                now = time.monotonic()
+                for child in self.children:
+                    assert child.proc is not None
+                    if child.proc.poll() is not None and not child.reported:
+                        child.reported = True
+                        if stop_at is None:
+                            failure = f"{child.name} exited unexpectedly with code {child.proc.returncode}"
+                            self.say(failure + "; stopping the others")
+                            stop_at = now
+                            self.send(signal.SIGTERM)
+                if self.signals and stop_at is None:
+                    signum, _ = self.signals[0]
+                    self.say(
+                        f"{signal.Signals(signum).name}: stopping web, worker and beat "
+                        f"(up to {self.grace:.0f}s; Ctrl-C again to kill them now)"
+                    )
+                    stop_at = now
+                    self.send(signal.SIGTERM)
+                if all(c.proc is not None and c.proc.poll() is not None for c in self.children):
+                    break
+                if stop_at is not None and not killed:
+                    forced = any(t - stop_at > FORCE_AFTER_SECONDS for _, t in self.signals)
+                    if forced or now - stop_at > self.grace:
+                        left = [c.name for c in self.children if c.proc is not None and c.proc.poll() is None]
+                        self.say(("killing " if forced else f"still running after {self.grace:.0f}s, killing ") + ", ".join(left))
+                        self.send(signal.SIGKILL)
+                        killed = True
+            # Drain what the children printed on their way out.
+            deadline = time.monotonic() + 2
+            while selector.get_map() and time.monotonic() < deadline:
+                self.pump(selector, 0.1)
+        finally:
+            self.send(signal.SIGKILL)  # only if we are leaving by an exception
+            for child in self.children:
+                if child.proc is not None:
+                    child.proc.wait()
+            selector.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        codes = ", ".join(f"{c.name}={c.proc.returncode}" for c in self.children if c.proc is not None)
+        self.say(f"stopped ({codes})")
+        return failure
