@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 
-PLACEHOLDER_SECRET = "insecure-dev-only-secret-key"
+PLACEHOLDER_SECRET = "insecure-dev-only-secret-key"  # noqa: S105 - the value this check refuses
 
 
 @register(Tags.security, deploy=False)

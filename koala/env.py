@@ -9,8 +9,9 @@ in ``KOALA_LEASE_SECONDS`` must never silently become the default.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ def raw(name: str, default: str | None = None) -> str | None:
     return direct if direct is not None else default
 
 
-def _parsed(name: str, default: T, parse: Callable[[str], T], expected: str) -> T:
+def _parsed[T](name: str, default: T, parse: Callable[[str], T], expected: str) -> T:
     value = raw(name)
     if value is None or value == "":
         return default

@@ -92,10 +92,7 @@ def redact_data(value: Any, *, sensitive: Iterable[str] = ()) -> Any:
     """A copy of JSON-like data with sensitive keys masked and strings pattern-masked."""
     declared = frozenset(sensitive)
     if isinstance(value, Mapping):
-        return {
-            k: (MASK if is_sensitive_key(str(k), declared) else redact_data(v, sensitive=declared))
-            for k, v in value.items()
-        }
+        return {k: (MASK if is_sensitive_key(str(k), declared) else redact_data(v, sensitive=declared)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact_data(v, sensitive=declared) for v in value]
     if isinstance(value, str):

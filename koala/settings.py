@@ -142,8 +142,7 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SESSION_COOKIE_HTTPONLY = True
 
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
-    for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1} for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])
 }
 
 TASKS = {"default": {"BACKEND": "workers.tasks_backend.KoalaTaskBackend", "QUEUES": list(RQ_QUEUES)}}

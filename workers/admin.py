@@ -31,8 +31,19 @@ class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
-    fields = ["number", "worker_id", "lease_token", "outcome", "started_at", "finished_at", "error_class", "error_message",
-              "compute_seconds", "db_wait_seconds", "storage_wait_seconds"]
+    fields = [
+        "number",
+        "worker_id",
+        "lease_token",
+        "outcome",
+        "started_at",
+        "finished_at",
+        "error_class",
+        "error_message",
+        "compute_seconds",
+        "db_wait_seconds",
+        "storage_wait_seconds",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -55,7 +66,18 @@ def _run_action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Qu
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "kind", "version", "queue", "state", "attempts", "max_attempts", "scheduled_at", "failure_reason", "created_at"]
+    list_display = [
+        "id",
+        "kind",
+        "version",
+        "queue",
+        "state",
+        "attempts",
+        "max_attempts",
+        "scheduled_at",
+        "failure_reason",
+        "created_at",
+    ]
     list_filter = ["state", "queue", "kind", "failure_reason", "delivery"]
     search_fields = ["=id", "idempotency_key", "trace_id", "correlation_id"]
     ordering = ["-id"]

@@ -23,7 +23,9 @@ def _validate_incr(data: dict[str, Any]) -> None:
         raise ValueError("'key' must be a string starting with 'koala:'")
 
 
-@job_kind("incr", version=1, queue="default", max_attempts=3, timeout_seconds=30, required_fields={"key"}, validate=_validate_incr)
+@job_kind(
+    "incr", version=1, queue="default", max_attempts=3, timeout_seconds=30, required_fields={"key"}, validate=_validate_incr
+)
 def incr(ctx: JobContext, data: dict[str, Any]) -> int:
     """INCR a Redis counter: the smallest real side effect, used by the benchmark."""
     return int(doorbell.redis_connection().incr(data["key"]))
@@ -35,7 +37,15 @@ def _validate_sleep(data: dict[str, Any]) -> None:
         raise ValueError("'seconds' must be a number between 0 and 3600")
 
 
-@job_kind("sleep", version=1, queue="default", max_attempts=3, timeout_seconds=3700, required_fields={"seconds"}, validate=_validate_sleep)
+@job_kind(
+    "sleep",
+    version=1,
+    queue="default",
+    max_attempts=3,
+    timeout_seconds=3700,
+    required_fields={"seconds"},
+    validate=_validate_sleep,
+)
 def sleep(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     """Sleeps in small steps, checkpointing progress and honouring cancellation."""
     total = float(data["seconds"])

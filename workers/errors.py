@@ -29,7 +29,7 @@ class TerminalFailure(Exception):
             self.code = code
 
 
-class Rejection(str, enum.Enum):
+class Rejection(enum.StrEnum):
     """The closed set of reasons an attempt may no longer act (HTTP 409 + reason in the API).
 
     Workers handle each by name:

@@ -50,7 +50,7 @@ class Job(models.Model):
     queue = models.CharField(max_length=64)
     input = models.JSONField(default=dict, help_text="Small references, never customer data or credentials.")
     input_fingerprint = models.CharField(max_length=64)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
     delivery = models.CharField(max_length=16, choices=Delivery.choices, default=Delivery.AT_LEAST_ONCE)
@@ -62,7 +62,7 @@ class Job(models.Model):
 
     # The lease. lease_token is the fencing token: every write by an attempt names it.
     lease_token = models.BigIntegerField(default=0)
-    lease_holder = models.CharField(max_length=200, null=True, blank=True)
+    lease_holder = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
@@ -70,7 +70,7 @@ class Job(models.Model):
     run_state = models.JSONField(default=dict, blank=True, help_text="Merged by top-level key at completion.")
     result = models.JSONField(null=True, blank=True)
     usage = models.JSONField(default=dict, blank=True)
-    failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, null=True, blank=True)
+    failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     error_class = models.CharField(max_length=200, blank=True, default="")
     error_message = models.TextField(blank=True, default="", help_text="Redacted; never a stack trace.")
 
@@ -84,12 +84,8 @@ class Job(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(
-                condition=Q(state__in=[s.value for s in JobState]), name="job_state_valid"
-            ),
-            models.CheckConstraint(
-                condition=Q(delivery__in=[d.value for d in Delivery]), name="job_delivery_valid"
-            ),
+            models.CheckConstraint(condition=Q(state__in=[s.value for s in JobState]), name="job_state_valid"),
+            models.CheckConstraint(condition=Q(delivery__in=[d.value for d in Delivery]), name="job_delivery_valid"),
             models.CheckConstraint(
                 condition=Q(failure_reason__isnull=True) | Q(failure_reason__in=[r.value for r in FailureReason]),
                 name="job_failure_reason_valid",
@@ -146,7 +142,7 @@ class Attempt(models.Model):
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=16, choices=Outcome.choices, null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     error_class = models.CharField(max_length=200, blank=True, default="")
     error_message = models.TextField(blank=True, default="", help_text="Redacted; never a stack trace.")
     compute_seconds = models.FloatField(null=True, blank=True)
@@ -164,8 +160,7 @@ class Attempt(models.Model):
                 name="attempt_outcome_valid",
             ),
             models.CheckConstraint(
-                condition=Q(finished_at__isnull=True, outcome__isnull=True)
-                | Q(finished_at__isnull=False, outcome__isnull=False),
+                condition=Q(finished_at__isnull=True, outcome__isnull=True) | Q(finished_at__isnull=False, outcome__isnull=False),
                 name="attempt_finished_iff_outcome",
             ),
         ]

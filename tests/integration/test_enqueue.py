@@ -44,7 +44,7 @@ def test_same_key_same_input_returns_existing(redis_clean: None) -> None:
 def test_same_key_other_input_is_an_error_and_changes_nothing(redis_clean: None) -> None:
     first = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-2")
     before = list(Job.objects.values())
-    with pytest.raises(EnqueueError, match="already used .* different input"):
+    with pytest.raises(EnqueueError, match=r"already used .* different input"):
         enqueue(kind="noop", input={"a": 2}, idempotency_key="k-2")
     assert list(Job.objects.values()) == before
     assert Job.objects.get(pk=first.job_id).input == {"a": 1}

@@ -83,10 +83,16 @@ def test_complete_merges_state_by_top_level_key(redis_clean: None) -> None:
     Job.objects.filter(pk=job_id).update(run_state={"keep": 1, "replace": {"old": True}})
     lease = leases.claim_job(job_id=job_id, worker="w", lease_seconds=30)
     assert lease is not None
-    assert leases.complete(
-        job_id=job_id, lease_token=lease.lease_token, result={"ok": 1}, state_delta={"replace": {"new": True}, "add": 2},
-        report=Report(compute_seconds=0.5, usage={"requests": 2}),
-    ) is None
+    assert (
+        leases.complete(
+            job_id=job_id,
+            lease_token=lease.lease_token,
+            result={"ok": 1},
+            state_delta={"replace": {"new": True}, "add": 2},
+            report=Report(compute_seconds=0.5, usage={"requests": 2}),
+        )
+        is None
+    )
     job = Job.objects.get(pk=job_id)
     assert job.state == "succeeded" and job.result == {"ok": 1} and job.finished_at is not None
     assert job.run_state == {"keep": 1, "replace": {"new": True}, "add": 2}
@@ -103,7 +109,9 @@ def test_repeat_of_the_same_completion_is_already_recorded(redis_clean: None) ->
     assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is None
     assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is Rejection.ALREADY_RECORDED
     # A different report from the same attempt cannot change a terminal job either.
-    rejection = leases.fail(job_id=job_id, lease_token=lease.lease_token, reason=FailureReason.FATAL, error_class="X", message="late")
+    rejection = leases.fail(
+        job_id=job_id, lease_token=lease.lease_token, reason=FailureReason.FATAL, error_class="X", message="late"
+    )
     assert rejection is Rejection.LEASE_EXPIRED
     assert Job.objects.get(pk=job_id).state == "succeeded"
 
@@ -128,7 +136,9 @@ def test_superseded_attempt_cannot_change_the_outcome(redis_clean: None) -> None
     for call in (
         lambda: leases.heartbeat(job_id=job_id, lease_token=stale.lease_token, lease_seconds=30, progress={"x": 1}),
         lambda: leases.complete(job_id=job_id, lease_token=stale.lease_token, result="stale"),
-        lambda: leases.fail(job_id=job_id, lease_token=stale.lease_token, reason=FailureReason.FATAL, error_class="E", message="m"),
+        lambda: leases.fail(
+            job_id=job_id, lease_token=stale.lease_token, reason=FailureReason.FATAL, error_class="E", message="m"
+        ),
         lambda: leases.retry_later(job_id=job_id, lease_token=stale.lease_token, delay_seconds=1, error_class="E", message="m"),
     ):
         assert call() is Rejection.LEASE_SUPERSEDED

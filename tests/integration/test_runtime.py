@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -51,7 +52,7 @@ def test_retryable_backs_off_with_full_jitter_and_stops_at_max(redis_clean: None
     assert (job.state, job.failure_reason, job.attempts) == ("failed", "attempts_exhausted", kind.max_attempts)
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     assert [a.outcome for a in attempts] == ["retry"] * (kind.max_attempts - 1) + ["failed"]
-    for earlier, later in zip(attempts, attempts[1:], strict=False):
+    for earlier, later in itertools.pairwise(attempts):
         assert earlier.finished_at is not None
         waited = (later.started_at - earlier.finished_at).total_seconds()
         ceiling = min(kind.backoff_cap, kind.backoff_base * 2 ** (earlier.number - 1))
@@ -114,7 +115,7 @@ def test_unknown_errors_are_fatal_and_secrets_never_stored(redis_clean: None) ->
         )
         stored = cursor.fetchone()[0]
     assert card not in stored and bearer not in stored
-    assert "Traceback" not in stored and "File \"" not in stored
+    assert "Traceback" not in stored and 'File "' not in stored
 
 
 def test_attempt_time_limit_interrupts_an_uncooperative_body(redis_clean: None) -> None:

@@ -38,7 +38,11 @@ def test_known_secret_values_are_masked_wherever_they_appear() -> None:
 def test_redact_data_masks_declared_and_always_sensitive_keys() -> None:
     data = {"card": "4242", "prompt": "tell me secrets", "nested": [{"password": "p"}], "n": 3, "ok": "fine"}
     assert redact_data(data, sensitive={"card"}) == {
-        "card": MASK, "prompt": MASK, "nested": [{"password": MASK}], "n": 3, "ok": "fine",
+        "card": MASK,
+        "prompt": MASK,
+        "nested": [{"password": MASK}],
+        "n": 3,
+        "ok": "fine",
     }
 
 

@@ -60,8 +60,7 @@ def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
         raise EnqueueError(f"input for {kind.key} is not JSON-serializable: {exc}") from None
     if len(encoded) > MAX_INPUT_BYTES:
         raise EnqueueError(
-            f"input for {kind.key} is {len(encoded)} bytes; the limit is {MAX_INPUT_BYTES}. "
-            "Pass references (ids), not data."
+            f"input for {kind.key} is {len(encoded)} bytes; the limit is {MAX_INPUT_BYTES}. Pass references (ids), not data."
         )
     key = spec.idempotency_key
     if key is not None and (not key.strip() or len(key) > 200):
@@ -103,9 +102,23 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
         deadline = now + timedelta(seconds=kind.deadline_seconds) if kind.deadline_seconds else None
         rows.append(
             (
-                kind.name, kind.version, spec.queue or kind.queue, encoded, fingerprint, spec.idempotency_key,
-                spec.priority, kind.delivery, now + timedelta(seconds=spec.delay_seconds), deadline,
-                kind.max_attempts, kind.timeout_seconds, spec.correlation_id or trace_id, trace_id, created_by, now, now,
+                kind.name,
+                kind.version,
+                spec.queue or kind.queue,
+                encoded,
+                fingerprint,
+                spec.idempotency_key,
+                spec.priority,
+                kind.delivery,
+                now + timedelta(seconds=spec.delay_seconds),
+                deadline,
+                kind.max_attempts,
+                kind.timeout_seconds,
+                spec.correlation_id or trace_id,
+                trace_id,
+                created_by,
+                now,
+                now,
             )
         )
         prepared.append((kind, fingerprint))
@@ -143,7 +156,9 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
                 results.append(EnqueueResult(job_id=existing_id, created=False))
         if created_by:
             record_audit(
-                actor=created_by, action="enqueue", target_type="job",
+                actor=created_by,
+                action="enqueue",
+                target_type="job",
                 target_id=",".join(str(r.job_id) for r in results[:20]) + ("…" if len(results) > 20 else ""),
                 details={"count": len(results), "kinds": sorted({s.kind for s in specs})},
             )
@@ -169,8 +184,14 @@ def enqueue(
     created_by: str = "",
 ) -> EnqueueResult:
     spec = JobSpec(
-        kind=kind, input=input if input is not None else {}, idempotency_key=idempotency_key, version=version,
-        queue=queue, priority=priority, delay_seconds=delay_seconds, correlation_id=correlation_id,
+        kind=kind,
+        input=input if input is not None else {},
+        idempotency_key=idempotency_key,
+        version=version,
+        queue=queue,
+        priority=priority,
+        delay_seconds=delay_seconds,
+        correlation_id=correlation_id,
     )
     return enqueue_many(specs=[spec], created_by=created_by)[0]
 
@@ -204,7 +225,9 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
         job.finished_at = timezone.now()
         job.error_message = reason[:500]
         job.save(update_fields=["state", "lease_holder", "lease_expires_at", "finished_at", "error_message", "updated_at"])
-        record_audit(actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]})
+        record_audit(
+            actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
+        )
     return job
 
 
@@ -219,8 +242,14 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
             raise JobStateError(f"job {job_id} is {job.state}; only failed or cancelled jobs can be retried.")
         if kinds.get(job.kind, job.version) is None:
             raise JobStateError(f"job kind {job.kind}@{job.version} is not registered here; cannot retry it.")
-        result = enqueue(kind=job.kind, version=job.version, input=job.input, queue=job.queue, priority=job.priority,
-                         correlation_id=job.correlation_id)
+        result = enqueue(
+            kind=job.kind,
+            version=job.version,
+            input=job.input,
+            queue=job.queue,
+            priority=job.priority,
+            correlation_id=job.correlation_id,
+        )
         Job.objects.filter(pk=result.job_id).update(retry_of=job)
         record_audit(actor=actor, action="retry", target_type="job", target_id=job_id, details={"new_job": result.job_id})
     return result
@@ -250,4 +279,3 @@ def requeue_job(*, job_id: int, actor: str) -> Job:
         queue, ring_job = job.queue, (job.pk, job.version)
         transaction.on_commit(lambda: doorbell.ring(queue, [ring_job]))
     return job
-

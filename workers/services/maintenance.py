@@ -31,7 +31,8 @@ def reap(*, grace_seconds: float | None = None) -> ReapReport:
             """
             UPDATE workers_attempt a
             SET outcome = 'orphaned', finished_at = now(),
-                error_message = 'lease expired at ' || to_char(j.lease_expires_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ' without a report'
+                error_message = 'lease expired at '
+                    || to_char(j.lease_expires_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ' without a report'
             FROM workers_job j
             WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
               AND j.state = 'running' AND j.lease_expires_at < now()

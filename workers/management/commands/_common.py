@@ -26,7 +26,7 @@ def parse_json_object(text: str, *, option: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise CommandError(f"{option} is not valid JSON: {exc.msg} at position {exc.pos}.") from None
     if not isinstance(value, dict):
-        raise CommandError(f"{option} must be a JSON object, e.g. '{{\"key\": \"value\"}}'.")
+        raise CommandError(f'{option} must be a JSON object, e.g. \'{{"key": "value"}}\'.')
     return value
 
 

@@ -16,7 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("kind", help="registered job kind, e.g. noop")
         parser.add_argument("--input", default="{}", help="JSON object with the job's input (references, not data)")
         parser.add_argument("--key", default=None, help="idempotency key, unique per kind")
-        parser.add_argument("--kind-version", dest="kind_version", type=int, default=None, help="contract version (default: newest registered)")
+        parser.add_argument(
+            "--kind-version", dest="kind_version", type=int, default=None, help="contract version (default: newest registered)"
+        )
         parser.add_argument("--queue", default=None, help="override the kind's queue")
         parser.add_argument("--priority", type=int, default=0, help="higher runs first")
         parser.add_argument("--delay", type=float, default=0.0, help="seconds before the job is due")
@@ -26,8 +28,13 @@ class Command(BaseCommand):
         data = parse_json_object(options["input"], option="--input")
         try:
             result = enqueue(
-                kind=options["kind"], input=data, idempotency_key=options["key"], version=options["kind_version"],
-                queue=options["queue"], priority=options["priority"], delay_seconds=options["delay"],
+                kind=options["kind"],
+                input=data,
+                idempotency_key=options["key"],
+                version=options["kind_version"],
+                queue=options["queue"],
+                priority=options["priority"],
+                delay_seconds=options["delay"],
                 created_by=cli_actor(options["actor"]),
             )
         except EnqueueError as exc:

@@ -28,24 +28,45 @@ class Command(BaseCommand):
             record_audit(actor=cli_actor(options["actor"]), action="read", target_type="job", target_id=job.pk)
         attempts = [
             {
-                "number": a.number, "worker": a.worker_id, "lease_token": a.lease_token, "outcome": a.outcome,
-                "started_at": a.started_at.isoformat(), "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+                "number": a.number,
+                "worker": a.worker_id,
+                "lease_token": a.lease_token,
+                "outcome": a.outcome,
+                "started_at": a.started_at.isoformat(),
+                "finished_at": a.finished_at.isoformat() if a.finished_at else None,
                 "error": f"{a.error_class}: {a.error_message}" if a.error_class else a.error_message,
-                "compute_s": a.compute_seconds, "db_wait_s": a.db_wait_seconds, "storage_wait_s": a.storage_wait_seconds,
+                "compute_s": a.compute_seconds,
+                "db_wait_s": a.db_wait_seconds,
+                "storage_wait_s": a.storage_wait_seconds,
             }
             for a in job.attempt_set.all()
         ]
         record = {
-            "id": job.pk, "kind": job.kind, "version": job.version, "queue": job.queue, "state": job.state,
-            "delivery": job.delivery, "attempts": f"{job.attempts}/{job.max_attempts}",
-            "idempotency_key": job.idempotency_key, "input": redact_data(job.input, sensitive=sensitive),
-            "scheduled_at": job.scheduled_at.isoformat(), "deadline_at": job.deadline_at.isoformat() if job.deadline_at else None,
-            "lease": {"token": job.lease_token, "holder": job.lease_holder,
-                      "expires_at": job.lease_expires_at.isoformat() if job.lease_expires_at else None},
-            "progress": job.progress, "run_state": redact_data(job.run_state, sensitive=sensitive),
-            "result": redact_data(job.result, sensitive=sensitive), "usage": job.usage,
-            "failure_reason": job.failure_reason, "error": f"{job.error_class}: {job.error_message}" if job.error_class else "",
-            "trace_id": job.trace_id, "correlation_id": job.correlation_id, "created_by": job.created_by,
+            "id": job.pk,
+            "kind": job.kind,
+            "version": job.version,
+            "queue": job.queue,
+            "state": job.state,
+            "delivery": job.delivery,
+            "attempts": f"{job.attempts}/{job.max_attempts}",
+            "idempotency_key": job.idempotency_key,
+            "input": redact_data(job.input, sensitive=sensitive),
+            "scheduled_at": job.scheduled_at.isoformat(),
+            "deadline_at": job.deadline_at.isoformat() if job.deadline_at else None,
+            "lease": {
+                "token": job.lease_token,
+                "holder": job.lease_holder,
+                "expires_at": job.lease_expires_at.isoformat() if job.lease_expires_at else None,
+            },
+            "progress": job.progress,
+            "run_state": redact_data(job.run_state, sensitive=sensitive),
+            "result": redact_data(job.result, sensitive=sensitive),
+            "usage": job.usage,
+            "failure_reason": job.failure_reason,
+            "error": f"{job.error_class}: {job.error_message}" if job.error_class else "",
+            "trace_id": job.trace_id,
+            "correlation_id": job.correlation_id,
+            "created_by": job.created_by,
             "attempt_log": attempts,
         }
         if options["json"]:
@@ -56,4 +77,5 @@ class Command(BaseCommand):
                 self.stdout.write(f"{key:>16}: {json.dumps(value, default=str) if isinstance(value, dict | list) else value}")
         self.stdout.write("attempts:")
         for a in attempts:
-            self.stdout.write(f"  #{a['number']} {a['outcome'] or 'running':<12} worker={a['worker']} token={a['lease_token']} {a['error'] or ''}")
+            outcome = a["outcome"] or "running"
+            self.stdout.write(f"  #{a['number']} {outcome:<12} worker={a['worker']} token={a['lease_token']} {a['error'] or ''}")
