@@ -7,6 +7,10 @@
   signal to its work horse, where the body runs.
 - Django's database connections must never be shared across fork: the parent
   closes its connections before forking; the horse opens its own.
+- A Redis outage never ends the worker. RQ retries Redis only while it waits for a
+  message; an outage that hits its bookkeeping around a message makes RQ's loop quit
+  (and its teardown raise). The jobs are safe in PostgreSQL, so the worker restarts
+  RQ's loop with a backoff until Redis answers again, and the dispatcher re-rings.
 """
 
 from __future__ import annotations
@@ -16,13 +20,18 @@ import os
 import signal
 import socket
 import threading
+import time
+from contextlib import suppress
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
-from rq import SimpleWorker, Worker
+from rq import SimpleWorker, Worker, worker_registration
+from rq.exceptions import StopRequested
 from rq.timeouts import BaseDeathPenalty
+from rq.worker import WorkerStatus
 
 from workers import kinds
 from workers.models import WorkerProcess
@@ -95,7 +104,9 @@ class KoalaWorkerMixin:
     death_penalty_class = NoDeathPenalty
     shutdown_deadline: float | None = None
 
-    def work(self, *args: Any, **kwargs: Any) -> bool:
+    restart_delay_max = 30.0
+
+    def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         # A pool forks its workers from a parent that may hold connections.
         for conn in connections.all(initialized_only=True):
             conn.close()
@@ -103,10 +114,48 @@ class KoalaWorkerMixin:
         runtime.configure(name=self.name, queues=self.queue_names())  # type: ignore[attr-defined]
         presence = _Presence(self)
         presence.start()
+        worked = False
+        delay = 1.0
         try:
-            return super().work(*args, **kwargs)  # type: ignore[misc]
+            while True:
+                began = time.monotonic()
+                try:
+                    worked = bool(super().work(burst, *args, **kwargs)) or worked  # type: ignore[misc]
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    # RQ's loop quit on a Redis error and its teardown could not reach Redis either
+                    # (or Redis was still away when the loop restarted).
+                    log.warning("worker %s: Redis unreachable (%s)", self.name, type(exc).__name__)  # type: ignore[attr-defined]
+                if burst or runtime.shutdown_requested.is_set():
+                    return worked
+                # RQ's loop ended without a stop request: an error outside its dequeue retry,
+                # such as Redis going away while a message was being recorded. Serve again.
+                if time.monotonic() - began > 60:
+                    delay = 1.0
+                log.error(
+                    "worker %s: RQ's work loop stopped unexpectedly; restarting it in %.0fs",
+                    self.name, delay,  # type: ignore[attr-defined]
+                )
+                try:
+                    if runtime.shutdown_requested.wait(delay):
+                        return worked
+                except StopRequested:  # SIGTERM while waiting
+                    return worked
+                delay = min(delay * 2, self.restart_delay_max)
+                self._forget_registration()
         finally:
             presence.finish()
+
+    def _forget_registration(self) -> None:
+        """Before RQ's loop starts again: drop the previous run's Redis registration and
+        pubsub thread, which a failed teardown may have left behind (the name is ours)."""
+        with suppress(Exception):
+            self.unsubscribe()  # type: ignore[attr-defined]
+        self.pubsub_thread = None
+        with suppress(redis.exceptions.RedisError):
+            with self.connection.pipeline() as pipeline:  # type: ignore[attr-defined]
+                worker_registration.unregister(self, pipeline)  # type: ignore[arg-type]
+                pipeline.delete(self.key)  # type: ignore[attr-defined]
+                pipeline.execute()
 
     def request_stop(self, signum: int, frame: Any) -> None:
         get_runtime().request_shutdown(self.shutdown_deadline)
@@ -116,7 +165,16 @@ class KoalaWorkerMixin:
                 os.kill(horse, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        super().request_stop(signum, frame)  # type: ignore[misc]
+        try:
+            super().request_stop(signum, frame)  # type: ignore[misc]
+        except redis.exceptions.RedisError as exc:
+            # RQ records the request in Redis from inside this signal handler. With Redis away
+            # that raises, and in the simple worker the exception would land inside the running
+            # body and fail its job. The stop itself needs no Redis.
+            log.warning("worker %s: could not record the stop request in Redis (%s)", self.name, type(exc).__name__)  # type: ignore[attr-defined]
+            self._stop_requested = True
+            if self.get_state() != WorkerStatus.BUSY:  # type: ignore[attr-defined]
+                raise StopRequested() from None
 
 
 class KoalaWorker(KoalaWorkerMixin, Worker):

@@ -23,9 +23,9 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from koala.redaction import redact_text, sensitive_values
-from workers import doorbell, kinds
+from workers import kinds
 from workers.errors import AttemptTimeout, Interrupted, Rejection, Retryable, StaleAttempt, TerminalFailure
-from workers.models import FailureReason, Outcome
+from workers.models import Delivery, FailureReason, Outcome
 from workers.services import leases
 from workers.services.leases import Lease, Report
 
@@ -224,6 +224,10 @@ class WorkerRuntime:
             log.warning("heartbeat for job %s failed: %s", ctx.job_id, type(exc).__name__)
             connection.close()
             return
+        if rejection is not None and self.current is not ctx:
+            # The body ended while this heartbeat was in flight: its own report (or the
+            # report's rejection, handled by name there) decides; there is no body to stop.
+            return
         if rejection is not None:
             log.warning("job %s attempt %s: heartbeat rejected (%s); stopping the body", ctx.job_id, ctx.attempt, rejection.value)
             ctx.reject(rejection)
@@ -293,6 +297,20 @@ class WorkerRuntime:
                     job_id=lease.job_id, lease_token=lease.lease_token, result=value, state_delta=ctx.state_delta, report=report
                 ),
                 Outcome.SUCCEEDED,
+            )
+            return
+        if what == "interrupted" and value == "shutdown" and lease.delivery == Delivery.AT_MOST_ONCE:
+            # The body was cut off mid-way and may already have had its effect. Releasing it
+            # would run it a second time: at_most_once fails instead, as the reaper does.
+            self._report(
+                lease,
+                lambda: leases.fail(
+                    job_id=lease.job_id, lease_token=lease.lease_token, reason=FailureReason.ORPHANED,
+                    error_class="Interrupted",
+                    message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
+                    report=report,
+                ),
+                Outcome.FAILED,
             )
             return
         if what == "interrupted" and value == "shutdown":

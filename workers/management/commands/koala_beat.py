@@ -22,7 +22,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--interval", type=float, default=settings.KOALA_BEAT_INTERVAL_SECONDS,
+            "--interval",
+            type=float,
+            default=settings.KOALA_BEAT_INTERVAL_SECONDS,
             help="seconds between ticks (default KOALA_BEAT_INTERVAL_SECONDS)",
         )
         parser.add_argument("--once", action="store_true", help="run one tick and exit")
@@ -41,7 +43,11 @@ class Command(BaseCommand):
                 if report.orphaned or report.requeued or report.failed or report.deadline_failed or rung:
                     log.info(
                         "beat: orphaned=%d requeued=%d failed=%d deadline_failed=%d rung=%d",
-                        report.orphaned, report.requeued, report.failed, report.deadline_failed, rung,
+                        report.orphaned,
+                        report.requeued,
+                        report.failed,
+                        report.deadline_failed,
+                        rung,
                     )
             except Exception as exc:  # a database blip must not kill the beat; the next tick retries
                 log.warning("beat tick failed: %s: %s", type(exc).__name__, exc)

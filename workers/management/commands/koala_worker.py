@@ -21,13 +21,18 @@ class Command(BaseCommand):
         parser.add_argument("--queues", default=",".join(settings.RQ_QUEUES), help="comma-separated, in priority order")
         parser.add_argument("--name", default=None, help="worker name (default: host.pid); must be unique while running")
         parser.add_argument(
-            "--worker-class", choices=sorted(WORKER_CLASSES), default="simple",
+            "--worker-class",
+            choices=sorted(WORKER_CLASSES),
+            default="simple",
             help="simple: run bodies in this process (fastest); fork: a fresh process per wake (isolation)",
         )
         parser.add_argument("--pool", type=int, default=1, help="number of worker processes (RQ WorkerPool when > 1)")
         parser.add_argument(
-            "--shutdown-deadline", type=float, default=None,
-            help=f"seconds a running job gets after SIGTERM (default KOALA_SHUTDOWN_DEADLINE_SECONDS={settings.KOALA_SHUTDOWN_DEADLINE_SECONDS:g})",
+            "--shutdown-deadline",
+            type=float,
+            default=None,
+            help="seconds a running job gets after SIGTERM before it is released "
+            f"(default KOALA_SHUTDOWN_DEADLINE_SECONDS={settings.KOALA_SHUTDOWN_DEADLINE_SECONDS:g})",
         )
         parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
 

@@ -1,0 +1,121 @@
+"""Fixtures shared by the integration and acceptance tiers (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+import tests.kinds  # noqa: F401  (registers the test-only kinds in this process)
+from workers import doorbell
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def redis_clean() -> Iterator[None]:
+    """An empty Redis database (the one REDIS_URL names) before and after the test."""
+    doorbell.reset_connection()
+    doorbell.redis_connection().flushdb()
+    yield
+    doorbell.redis_connection().flushdb()
+
+
+def database_url_for_subprocess() -> str:
+    """A URL for the test database, for worker subprocesses (built from the live connection)."""
+    params = connection.settings_dict
+    user = quote(params.get("USER") or "", safe="")
+    password = params.get("PASSWORD") or ""
+    auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
+    host = quote(params.get("HOST") or "", safe="")
+    port = f":{params['PORT']}" if params.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{quote(params['NAME'], safe='')}"
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": database_url_for_subprocess(),
+            "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": os.environ.get("SECRET_KEY") or "test-secret-key-" + "x" * 48,
+            "KOALA_JOB_KIND_MODULES": "workers.builtin_kinds,tests.kinds",
+            "KOALA_LEASE_SECONDS": "3",
+            "KOALA_HEARTBEAT_SECONDS": "0.5",
+            "KOALA_ORPHAN_GRACE_SECONDS": "0.5",
+            "KOALA_SHUTDOWN_DEADLINE_SECONDS": "3",
+            "KOALA_BEAT_INTERVAL_SECONDS": "0.2",
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "INFO",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+class Processes:
+    """Real worker/beat subprocesses, always cleaned up (even when a test fails)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None, name: str = "proc") -> subprocess.Popen[bytes]:
+        log = open(self.tmp_path / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), *args], cwd=REPO, env=env or worker_env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *extra: str, env: dict[str, str] | None = None, name: str = "worker") -> subprocess.Popen[bytes]:
+        return self.start("koala_worker", "--queues", "default", *extra, env=env, name=name)
+
+    def beat(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self.start("koala_beat", env=env, name="beat")
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.tmp_path.glob("*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def processes(tmp_path: Path, redis_clean: None) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
