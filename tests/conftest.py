@@ -70,9 +70,13 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str, env: dict[str, str] | None = None, name: str = "proc") -> subprocess.Popen[bytes]:
-        log = open(self.tmp_path / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.tmp_path / f"{name}-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), *args], cwd=REPO, env=env or worker_env(), stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, str(REPO / "manage.py"), *args],
+            cwd=REPO,
+            env=env or worker_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.procs.append(proc)
         return proc
@@ -110,7 +114,9 @@ def processes(tmp_path: Path, redis_clean: None) -> Iterator[Processes]:
         procs.stop_all()
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
+) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

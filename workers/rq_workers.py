@@ -133,7 +133,8 @@ class KoalaWorkerMixin:
                     delay = 1.0
                 log.error(
                     "worker %s: RQ's work loop stopped unexpectedly; restarting it in %.0fs",
-                    self.name, delay,  # type: ignore[attr-defined]
+                    self.name,
+                    delay,  # type: ignore[attr-defined]
                 )
                 try:
                     if runtime.shutdown_requested.wait(delay):

@@ -25,11 +25,13 @@ from django.utils import timezone
 from koala.redaction import redact_text, sensitive_values
 from workers import kinds
 from workers.errors import AttemptTimeout, Interrupted, Rejection, Retryable, StaleAttempt, TerminalFailure
-from workers.models import Delivery, FailureReason, Outcome
+from workers.models import Attempt, Delivery, FailureReason, Outcome
 from workers.services import leases
 from workers.services.leases import Lease, Report
 
 log = logging.getLogger("koala.worker")
+
+UNSERVABLE_MAX_DELAY = 30.0  # seconds; a job nobody here serves is retried at most this rarely
 
 
 class JobContext:
@@ -63,9 +65,7 @@ class JobContext:
         self._runtime = runtime
         now = time.monotonic()
         self.time_limit_at: float | None = now + lease.timeout_seconds
-        self.deadline_at: float | None = (
-            now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
-        )
+        self.deadline_at: float | None = now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
         self.stale_stop_at: float | None = None
         self.last_beat_at = now
 
@@ -215,7 +215,9 @@ class WorkerRuntime:
     def beat(self, ctx: JobContext) -> None:
         try:
             rejection = leases.heartbeat(
-                job_id=ctx.job_id, lease_token=ctx.lease.lease_token, lease_seconds=self.lease_seconds,
+                job_id=ctx.job_id,
+                lease_token=ctx.lease.lease_token,
+                lease_seconds=self.lease_seconds,
                 progress=ctx.take_progress(),
             )
         except (OperationalError, InterfaceError) as exc:
@@ -240,11 +242,18 @@ class WorkerRuntime:
         kind = kinds.get(lease.kind, lease.version)
         if kind is None:
             log.info("job %s: %s@%s is not served here; returning it to the queue", lease.job_id, lease.kind, lease.version)
+            # Back off while no worker serving it shows up (an old worker alone during a deploy),
+            # so the attempt log grows by a few rows per minute, not one per second.
+            earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
+            delay = min(UNSERVABLE_MAX_DELAY, 0.5 * 2**earlier)
             self._report(
                 lease,
                 lambda: leases.release(
-                    job_id=lease.job_id, lease_token=lease.lease_token, outcome=Outcome.UNSERVABLE,
-                    message=f"worker {self.name} does not serve {lease.kind}@{lease.version}", delay_seconds=1.0,
+                    job_id=lease.job_id,
+                    lease_token=lease.lease_token,
+                    outcome=Outcome.UNSERVABLE,
+                    message=f"worker {self.name} does not serve {lease.kind}@{lease.version}",
+                    delay_seconds=delay,
                 ),
                 Outcome.UNSERVABLE,
             )
@@ -276,7 +285,9 @@ class WorkerRuntime:
         elapsed = time.monotonic() - started
         report = Report(
             compute_seconds=max(elapsed - ctx.waits["db"] - ctx.waits["storage"], 0.0),
-            db_wait_seconds=ctx.waits["db"], storage_wait_seconds=ctx.waits["storage"], usage=ctx.usage or None,
+            db_wait_seconds=ctx.waits["db"],
+            storage_wait_seconds=ctx.waits["storage"],
+            usage=ctx.usage or None,
         )
         self._settle(ctx, kind, outcome, report, secrets)
         self.jobs_done += 1
@@ -305,7 +316,9 @@ class WorkerRuntime:
             self._report(
                 lease,
                 lambda: leases.fail(
-                    job_id=lease.job_id, lease_token=lease.lease_token, reason=FailureReason.ORPHANED,
+                    job_id=lease.job_id,
+                    lease_token=lease.lease_token,
+                    reason=FailureReason.ORPHANED,
                     error_class="Interrupted",
                     message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
                     report=report,
@@ -317,7 +330,9 @@ class WorkerRuntime:
             self._report(
                 lease,
                 lambda: leases.release(
-                    job_id=lease.job_id, lease_token=lease.lease_token, outcome=Outcome.INTERRUPTED,
+                    job_id=lease.job_id,
+                    lease_token=lease.lease_token,
+                    outcome=Outcome.INTERRUPTED,
                     message="released at worker shutdown deadline",
                 ),
                 Outcome.INTERRUPTED,
@@ -342,8 +357,12 @@ class WorkerRuntime:
                 self._report(
                     lease,
                     lambda: leases.retry_later(
-                        job_id=lease.job_id, lease_token=lease.lease_token, delay_seconds=delay,
-                        error_class=error_class, message=message, report=report,
+                        job_id=lease.job_id,
+                        lease_token=lease.lease_token,
+                        delay_seconds=delay,
+                        error_class=error_class,
+                        message=message,
+                        report=report,
                     ),
                     Outcome.RETRY,
                 )
@@ -352,8 +371,12 @@ class WorkerRuntime:
         self._report(
             lease,
             lambda: leases.fail(
-                job_id=lease.job_id, lease_token=lease.lease_token, reason=reason, error_class=error_class,
-                message=message, report=report,
+                job_id=lease.job_id,
+                lease_token=lease.lease_token,
+                reason=reason,
+                error_class=error_class,
+                message=message,
+                report=report,
             ),
             Outcome.FAILED,
         )
@@ -449,4 +472,3 @@ def deliver(job_id: int, version: int) -> int:
     if runtime.queues is None and current is not None and current.worker_name:
         runtime.name = current.worker_name
     return runtime.drain(first_job_id=job_id, origin_queue=origin)
-

@@ -44,9 +44,21 @@ class RedisServer:
         self.starts += 1
         log = open(self.directory / f"redis-{self.starts}.log", "wb")  # the server keeps it open
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory)],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         client = Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + 10

@@ -25,10 +25,7 @@ NOT_COUNTED = {Outcome.UNSERVABLE, Outcome.INTERRUPTED}
 # -- the outside world ------------------------------------------------------------------------
 def lines(log: str | Path, what: str, job_id: int | None = None) -> list[list[str]]:
     """Effect lines of one type ('start', 'end', 'try', 'v2', ...), optionally for one job."""
-    return [
-        line for line in effect_lines(str(log))
-        if line and line[0] == what and (job_id is None or line[1] == str(job_id))
-    ]
+    return [line for line in effect_lines(str(log)) if line and line[0] == what and (job_id is None or line[1] == str(job_id))]
 
 
 def starts(log: str | Path, job_id: int | None = None) -> list[list[str]]:
@@ -65,7 +62,9 @@ def wait_all_terminal(job_ids: Iterable[int], timeout: float = 60.0) -> None:
     ids = list(job_ids)
     wait_for(
         lambda: not Job.objects.filter(pk__in=ids).exclude(state__in=["succeeded", "failed", "cancelled"]).exists(),
-        timeout=timeout, interval=0.1, what=f"{len(ids)} jobs to finish",
+        timeout=timeout,
+        interval=0.1,
+        what=f"{len(ids)} jobs to finish",
     )
 
 

@@ -153,8 +153,11 @@ def test_stopped_worker_past_its_lease_cannot_change_the_outcome(processes, tmp_
     os.kill(stale.pid, signal.SIGCONT)
     # It has finished with the message (its body stopped or ended, its report was refused) once RQ
     # counts the delivery as handled.
-    wait_for(lambda: getattr(rq_workers().get("stale"), "successful_job_count", 0) == 1, timeout=15,
-             what="the stale worker to finish its delivery")
+    wait_for(
+        lambda: getattr(rq_workers().get("stale"), "successful_job_count", 0) == 1,
+        timeout=15,
+        what="the stale worker to finish its delivery",
+    )
     time.sleep(0.3)
     assert snapshot(job_id) == before, "the stale attempt changed the job or its attempts"
     assert stale.poll() is None and fresh.poll() is None, "both workers keep serving"
@@ -162,10 +165,14 @@ def test_stopped_worker_past_its_lease_cannot_change_the_outcome(processes, tmp_
     # The engine names the rejection for every write the stale attempt could try.
     assert leases.heartbeat(job_id=job_id, lease_token=stale_token, lease_seconds=3) is Rejection.LEASE_SUPERSEDED
     assert leases.complete(job_id=job_id, lease_token=stale_token, result={"pid": stale_pid}) is Rejection.LEASE_SUPERSEDED
-    assert leases.fail(job_id=job_id, lease_token=stale_token, reason=FailureReason.FATAL, error_class="X",
-                       message="late") is Rejection.LEASE_SUPERSEDED
-    assert leases.retry_later(job_id=job_id, lease_token=stale_token, delay_seconds=0, error_class="X",
-                              message="late") is Rejection.LEASE_SUPERSEDED
+    assert (
+        leases.fail(job_id=job_id, lease_token=stale_token, reason=FailureReason.FATAL, error_class="X", message="late")
+        is Rejection.LEASE_SUPERSEDED
+    )
+    assert (
+        leases.retry_later(job_id=job_id, lease_token=stale_token, delay_seconds=0, error_class="X", message="late")
+        is Rejection.LEASE_SUPERSEDED
+    )
     assert leases.release(job_id=job_id, lease_token=stale_token, outcome=Outcome.INTERRUPTED) is Rejection.LEASE_SUPERSEDED
     assert snapshot(job_id) == before
     # Extra (not the proof): the stale worker logged the rejection by name.
@@ -182,13 +189,19 @@ def test_stale_worker_whose_lease_expired_unclaimed_is_told_lease_expired(proces
     wait_start(log, job_id)
     os.kill(stale.pid, signal.SIGSTOP)
     token = attempts(job_id)[0].lease_token
-    wait_for(lambda: job(job_id).lease_expires_at < datetime.now(job(job_id).lease_expires_at.tzinfo) - timedelta(seconds=0.2),
-             timeout=10, what="the lease to expire")
+    wait_for(
+        lambda: job(job_id).lease_expires_at < datetime.now(job(job_id).lease_expires_at.tzinfo) - timedelta(seconds=0.2),
+        timeout=10,
+        what="the lease to expire",
+    )
     assert leases.heartbeat(job_id=job_id, lease_token=token, lease_seconds=3) is Rejection.LEASE_EXPIRED
     os.kill(stale.pid, signal.SIGCONT)
     # The cooperative body stops at its next check (cancelled after the rejected heartbeat).
-    wait_for(lambda: getattr(rq_workers().get("stale"), "successful_job_count", 0) == 1, timeout=10,
-             what="the stale worker to stop the body")
+    wait_for(
+        lambda: getattr(rq_workers().get("stale"), "successful_job_count", 0) == 1,
+        timeout=10,
+        what="the stale worker to stop the body",
+    )
     row = job(job_id)
     assert row.state == "running" and row.lease_token == token, "nothing was reported for the expired attempt"
     assert attempts(job_id)[0].finished_at is None and ends(log, job_id) == []
@@ -349,8 +362,9 @@ def test_retries_backoff_terminal_errors_and_redaction(processes, tmp_path, stra
     # job's own input excepted: the caller stored it there).
     with connection.cursor() as cursor:
         # The search itself works: it finds the secrets where the caller put them.
-        cursor.execute("SELECT count(*) FROM workers_job WHERE input::text LIKE %s AND input::text LIKE %s",
-                       [f"%{card}%", f"%{bearer}%"])
+        cursor.execute(
+            "SELECT count(*) FROM workers_job WHERE input::text LIKE %s AND input::text LIKE %s", [f"%{card}%", f"%{bearer}%"]
+        )
         assert cursor.fetchone()[0] == 1
         for table in ("workers_job", "workers_attempt"):
             cursor.execute(
@@ -375,8 +389,11 @@ def test_unservable_version_goes_back_without_using_an_attempt(processes, tmp_pa
     wait_workers_ready([old])
 
     job_id = enqueue(kind="versioned", version=2, input={"log": log}).job_id
-    wait_for(lambda: Attempt.objects.filter(job_id=job_id, outcome=Outcome.UNSERVABLE).exists(), timeout=15,
-             what="an unservable attempt")
+    wait_for(
+        lambda: Attempt.objects.filter(job_id=job_id, outcome=Outcome.UNSERVABLE).exists(),
+        timeout=15,
+        what="an unservable attempt",
+    )
     row = job(job_id)
     assert (row.state, row.attempts) == ("queued", 0)
     first = attempts(job_id)[0]
@@ -467,7 +484,6 @@ def test_sigterm_past_the_deadline_never_reruns_an_at_most_once_body(processes, 
     assert_engine_invariants()
 
 
-
 @pytest.mark.parametrize("worker_class", ["simple", "fork"])
 def test_sigterm_while_redis_is_down_still_finishes_the_body(
     private_redis, processes, tmp_path, stray_pids, worker_class: str
@@ -494,8 +510,11 @@ def test_pool_of_two_drains_and_exits_cleanly_on_sigterm(processes, tmp_path, st
     log = str(tmp_path / "effects.log")
     pool = processes.worker("--pool", "2", env=worker_env(KOALA_DRAIN_BATCH="5"))
     processes.beat()
-    wait_for(lambda: WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 2, timeout=20,
-             what="two pool workers to register")
+    wait_for(
+        lambda: WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 2,
+        timeout=20,
+        what="two pool workers to register",
+    )
     members = list(WorkerProcess.objects.values_list("name", "pid"))
     stray_pids.extend(pid for _, pid in members)
     assert pool.pid not in {pid for _, pid in members}
@@ -517,4 +536,3 @@ def test_pool_of_two_drains_and_exits_cleanly_on_sigterm(processes, tmp_path, st
     assert job(last).state == "succeeded" and len(ends(log, last)) == 1
     assert WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 0
     assert_engine_invariants()
-

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from workers import kinds
 from workers.models import Attempt, Job
@@ -147,3 +148,27 @@ def test_operator_cancel_reaches_the_body_at_the_next_heartbeat(redis_clean: Non
     job = Job.objects.get(pk=job_id)
     assert (job.state, job.result) == ("cancelled", None)
     assert Attempt.objects.get(job_id=job_id).outcome == "cancelled"
+
+
+def test_unservable_job_is_released_with_growing_backoff(redis_clean: None) -> None:
+    from workers.services import leases
+
+    job_id = enqueue(kind="versioned", version=2, input={}).job_id
+    v2 = kinds.get("versioned", 2)
+    assert v2 is not None
+    kinds.unregister("versioned", 2)  # this process now plays an old worker without v2
+    try:
+        delays = []
+        for _ in range(3):
+            Job.objects.filter(pk=job_id).update(scheduled_at=timezone.now())
+            lease = leases.claim_job(job_id=job_id, worker="old", lease_seconds=30)
+            assert lease is not None
+            get_runtime().run(lease)
+            job = Job.objects.get(pk=job_id)
+            last = Attempt.objects.filter(job_id=job_id).order_by("-number")[0]
+            assert (job.state, job.attempts, last.outcome) == ("queued", 0, "unservable")
+            assert last.finished_at is not None
+            delays.append((job.scheduled_at - last.finished_at).total_seconds())
+    finally:
+        kinds.register(v2)
+    assert [round(d, 1) for d in delays] == [0.5, 1.0, 2.0]
