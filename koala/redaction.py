@@ -23,6 +23,7 @@ ALWAYS_SENSITIVE_KEYS = frozenset(
         "passwd",
         "secret",
         "token",
+        "bearer",
         "access_token",
         "refresh_token",
         "api_key",
@@ -50,7 +51,7 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
         r"\1" + MASK,
     ),
     # Well-known credential shapes: Stripe/OpenAI-style keys, AWS access keys, GitHub tokens, JWTs.
-    (re.compile(r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}\b"), MASK),
+    (re.compile(r"\b(?:sk|pk|rk|tok)_(?:live|test)_[A-Za-z0-9]{8,}\b"), MASK),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}\b"), MASK),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), MASK),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), MASK),

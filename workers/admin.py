@@ -27,24 +27,27 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+ATTEMPT_FIELDS: tuple[str, ...] = (
+    "number",
+    "worker_id",
+    "lease_token",
+    "outcome",
+    "started_at",
+    "finished_at",
+    "error_class",
+    "error_message",
+    "compute_seconds",
+    "db_wait_seconds",
+    "storage_wait_seconds",
+)
+
+
 class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
-    fields = [
-        "number",
-        "worker_id",
-        "lease_token",
-        "outcome",
-        "started_at",
-        "finished_at",
-        "error_class",
-        "error_message",
-        "compute_seconds",
-        "db_wait_seconds",
-        "storage_wait_seconds",
-    ]
-    readonly_fields = fields
+    fields = ATTEMPT_FIELDS
+    readonly_fields = ATTEMPT_FIELDS
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -101,16 +104,6 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description="result (redacted)")
     def redacted_result(self, obj: Job) -> Any:
         return redact_data(obj.result, sensitive=self._sensitive(obj))
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Viewing uses change permission in list actions; fields stay read-only below.
-        return bool(request.user.is_staff)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in Job._meta.fields if f.name not in self.exclude] + list(self.readonly_fields)
-
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        raise PermissionError("jobs change only through services")
 
     @admin.action(description="Cancel selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

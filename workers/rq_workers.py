@@ -101,7 +101,7 @@ class _Presence:
 
 
 class KoalaWorkerMixin:
-    death_penalty_class = NoDeathPenalty
+    death_penalty_class: type[BaseDeathPenalty] = NoDeathPenalty
     shutdown_deadline: float | None = None
 
     restart_delay_max = 30.0
@@ -133,8 +133,8 @@ class KoalaWorkerMixin:
                     delay = 1.0
                 log.error(
                     "worker %s: RQ's work loop stopped unexpectedly; restarting it in %.0fs",
-                    self.name,
-                    delay,  # type: ignore[attr-defined]
+                    self.name,  # type: ignore[attr-defined]
+                    delay,
                 )
                 try:
                     if runtime.shutdown_requested.wait(delay):

@@ -71,7 +71,7 @@ class KoalaTaskBackend(BaseTaskBackend):
             for a in attempts
             if a.outcome in (Outcome.FAILED, Outcome.RETRY)
         ]
-        result = TaskResult(
+        result: TaskResult = TaskResult(
             task=task,
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],
@@ -104,6 +104,6 @@ def _exception_path(error_class: str) -> str:
 def run_django_task(ctx: JobContext, data: dict[str, Any]) -> Any:
     task = import_string(data["task"])
     if task.takes_context:
-        context = TaskContext(task_result=task.get_backend().get_result(str(ctx.job_id)))
+        context: TaskContext = TaskContext(task_result=task.get_backend().get_result(str(ctx.job_id)))
         return normalize_json(task.call(context, *data["args"], **data["kwargs"]))
     return normalize_json(task.call(*data["args"], **data["kwargs"]))

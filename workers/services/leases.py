@@ -52,12 +52,24 @@ _LEASE_COLUMNS = (
     "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key"
 )
 
+# Planner note. Fenced writes and the claim's UPDATE find their row by primary key; their
+# state checks are written ``state IS NOT DISTINCT FROM '…'`` (for this NOT NULL column it
+# means exactly ``=``) because no index can serve that form. With ``=`` and statistics taken
+# when few jobs were queued or running (a burst of enqueues after a quiet period, or a table
+# truncated/never analyzed), PostgreSQL prefers job_state_created_idx or a partial index on
+# state and then filters every queued (or running) row for the id: each claim became
+# O(queue length), ~6 ms instead of ~0.3 ms with 5,000 queued jobs (bench/README.md).
+_QUEUED = "state IS NOT DISTINCT FROM 'queued'"
+_RUNNING = "state IS NOT DISTINCT FROM 'running'"
+
 # One statement claims the row (the conditional UPDATE whose row count decides the winner),
 # bumps the fencing token and inserts the attempt, so claim and attempt commit together.
+# ``queued`` is the picking query's state check: ``state = 'queued'`` when it must walk
+# job_claim_idx in order (claim_next), _QUEUED when the id is known (claim_job).
 _CLAIM_SQL = """
 WITH picked AS (
     SELECT id FROM workers_job
-    WHERE {where} AND state = 'queued' AND scheduled_at <= now()
+    WHERE {where} AND {queued} AND scheduled_at <= now()
       AND (deadline_at IS NULL OR deadline_at > now())
     ORDER BY priority DESC, scheduled_at, id
     FOR UPDATE SKIP LOCKED
@@ -67,7 +79,7 @@ WITH picked AS (
     SET state = 'running', lease_token = j.lease_token + 1, lease_holder = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
         attempts = j.attempts + 1, updated_at = now()
-    FROM picked WHERE j.id = picked.id AND j.state = 'queued'
+    WHERE j.id = (SELECT id FROM picked) AND j.""" + _QUEUED + """
     RETURNING j.*
 ), a AS (
     INSERT INTO workers_attempt (job_id, number, worker_id, lease_token, started_at, heartbeat_at, usage, error_class, error_message)
@@ -77,6 +89,11 @@ WITH picked AS (
     RETURNING id, job_id
 )
 SELECT """ + _LEASE_COLUMNS + " FROM c JOIN a ON a.job_id = c.id"
+
+_CLAIM_JOB_SQL = _CLAIM_SQL.format(where="id = %(job_id)s", queued=_QUEUED)
+_CLAIM_NEXT_SQL = _CLAIM_SQL.format(
+    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s)", queued="state = 'queued'"
+)
 
 
 def _json(value: Any) -> Any:
@@ -97,7 +114,7 @@ def claim_job(*, job_id: int, worker: str, lease_seconds: float) -> Lease | None
     A duplicate delivery finds it running or finished and gets None: a no-op.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL.format(where="id = %(job_id)s"), {"job_id": job_id, "worker": worker, "lease": lease_seconds})
+        cursor.execute(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds})
         row = cursor.fetchone()
     return _lease(row) if row else None
 
@@ -106,7 +123,7 @@ def claim_next(*, queue: str, served: Sequence[str], worker: str, lease_seconds:
     """Claim the next due job in ``queue`` among the served "kind@version" pairs."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _CLAIM_SQL.format(where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s)"),
+            _CLAIM_NEXT_SQL,
             {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds},
         )
         row = cursor.fetchone()
@@ -147,7 +164,7 @@ def heartbeat(*, job_id: int, lease_token: int, lease_seconds: float, progress: 
                 UPDATE workers_job
                 SET lease_expires_at = now() + make_interval(secs => %s), heartbeat_at = now(),
                     progress = COALESCE(%s::jsonb, progress), updated_at = now()
-                WHERE id = %s AND lease_token = %s AND state = 'running' AND lease_expires_at > now()
+                WHERE id = %s AND lease_token = %s AND """ + _RUNNING + """ AND lease_expires_at > now()
                 RETURNING id
             )
             UPDATE workers_attempt SET heartbeat_at = now()
@@ -184,7 +201,7 @@ def _settle(
                 SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
                     usage = usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{{}}')
                                       FROM jsonb_each_text(%s::jsonb) AS u(k, v))
-                WHERE id = %s AND lease_token = %s AND state = 'running' AND lease_expires_at > now()
+                WHERE id = %s AND lease_token = %s AND {_RUNNING} AND lease_expires_at > now()
                 RETURNING id
             )
             UPDATE workers_attempt

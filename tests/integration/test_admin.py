@@ -1,0 +1,57 @@
+"""The admin pages render engine records read-only, redacted, and act only through services."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from koala.models import AuditEvent
+from workers.models import Job
+from workers.runtime import get_runtime
+from workers.services.jobs import enqueue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CARD, BEARER = "4111111111111111", "tok_live_zyxwvutsrqponmlk"
+
+
+@pytest.fixture
+def staff_client() -> Client:
+    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "pw-for-tests-only")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_job_pages_never_show_secrets(redis_clean: None, staff_client: Client) -> None:
+    job_id = enqueue(kind="boom", input={"card": CARD, "bearer": BEARER, "order": "A-1"}).job_id
+    get_runtime().drain(first_job_id=None, origin_queue="default")
+    assert Job.objects.get(pk=job_id).state == "failed"
+    pages = [
+        staff_client.get("/admin/workers/job/"),
+        staff_client.get(f"/admin/workers/job/{job_id}/change/"),
+        staff_client.get("/admin/workers/attempt/"),
+    ]
+    for page in pages:
+        assert page.status_code == 200
+        html = page.content.decode()
+        assert CARD not in html and BEARER not in html
+    detail = pages[1].content.decode()
+    assert "A-1" in detail and "[redacted]" in detail  # the rest of the input stays visible
+
+
+def test_admin_cannot_edit_jobs_directly(redis_clean: None, staff_client: Client) -> None:
+    job_id = enqueue(kind="noop", input={}).job_id
+    response = staff_client.post(f"/admin/workers/job/{job_id}/change/", {"state": "succeeded"})
+    assert response.status_code == 403
+    assert Job.objects.get(pk=job_id).state == "queued"
+    assert staff_client.get("/admin/workers/job/add/").status_code == 403
+
+
+def test_admin_cancel_action_goes_through_the_service(redis_clean: None, staff_client: Client) -> None:
+    job_id = enqueue(kind="noop", input={}).job_id
+    response = staff_client.post("/admin/workers/job/", {"action": "cancel_jobs", "_selected_action": [str(job_id)]}, follow=True)
+    assert response.status_code == 200
+    assert Job.objects.get(pk=job_id).state == "cancelled"
+    assert AuditEvent.objects.filter(action="cancel", actor="ops", target_id=str(job_id)).exists()
