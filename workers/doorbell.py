@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from django.conf import settings
 from redis import Redis
@@ -56,7 +57,7 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
         room = limit - q.count
         if room <= 0:
             return 0
-        batch = []
+        batch: list[Any] = []
         for job_id, version in jobs:
             if len(batch) >= room:
                 break

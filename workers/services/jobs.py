@@ -6,6 +6,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -124,7 +125,10 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
         prepared.append((kind, fingerprint))
 
     results: list[EnqueueResult] = []
-    with transaction.atomic(), connection.cursor() as cursor:
+    # One row, no audit record and no caller's transaction: the INSERT … ON CONFLICT is atomic
+    # on its own, so autocommit saves the BEGIN/COMMIT round trips (on_commit then rings at once).
+    lone_insert = len(rows) == 1 and not created_by and not connection.in_atomic_block and connection.get_autocommit()
+    with nullcontext() if lone_insert else transaction.atomic(), connection.cursor() as cursor:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             cursor.execute(

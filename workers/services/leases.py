@@ -55,18 +55,18 @@ _LEASE_COLUMNS = (
 # Planner note. Fenced writes and the claim's UPDATE find their row by primary key; their
 # state checks are written ``state IS NOT DISTINCT FROM '…'`` (for this NOT NULL column it
 # means exactly ``=``) because no index can serve that form. With ``=`` and statistics taken
-# when few jobs were queued or running (a burst of enqueues after a quiet period, or a table
-# truncated/never analyzed), PostgreSQL prefers job_state_created_idx or a partial index on
-# state and then filters every queued (or running) row for the id: each claim became
-# O(queue length), ~6 ms instead of ~0.3 ms with 5,000 queued jobs (bench/README.md).
+# when few jobs were queued or running (a burst of enqueues after a quiet period, a new or
+# truncated table), PostgreSQL picked job_state_created_idx (or a partial index on state)
+# and filtered every queued/running row for the id, so each claim was O(queue length):
+# 6.4 ms instead of 2.2 ms per claim with 5,000 queued jobs (bench/README.md).
 _QUEUED = "state IS NOT DISTINCT FROM 'queued'"
-_RUNNING = "state IS NOT DISTINCT FROM 'running'"
 
 # One statement claims the row (the conditional UPDATE whose row count decides the winner),
 # bumps the fencing token and inserts the attempt, so claim and attempt commit together.
 # ``queued`` is the picking query's state check: ``state = 'queued'`` when it must walk
 # job_claim_idx in order (claim_next), _QUEUED when the id is known (claim_job).
-_CLAIM_SQL = """
+_CLAIM_SQL = (
+    """
 WITH picked AS (
     SELECT id FROM workers_job
     WHERE {where} AND {queued} AND scheduled_at <= now()
@@ -79,16 +79,20 @@ WITH picked AS (
     SET state = 'running', lease_token = j.lease_token + 1, lease_holder = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
         attempts = j.attempts + 1, updated_at = now()
-    WHERE j.id = (SELECT id FROM picked) AND j.""" + _QUEUED + """
+    WHERE j.id = (SELECT id FROM picked) AND j.state IS NOT DISTINCT FROM 'queued'
     RETURNING j.*
 ), a AS (
-    INSERT INTO workers_attempt (job_id, number, worker_id, lease_token, started_at, heartbeat_at, usage, error_class, error_message)
+    INSERT INTO workers_attempt
+        (job_id, number, worker_id, lease_token, started_at, heartbeat_at, usage, error_class, error_message)
     SELECT c.id, (SELECT count(*) FROM workers_attempt x WHERE x.job_id = c.id) + 1, %(worker)s, c.lease_token,
            now(), now(), '{{}}', '', ''
     FROM c
     RETURNING id, job_id
 )
-SELECT """ + _LEASE_COLUMNS + " FROM c JOIN a ON a.job_id = c.id"
+SELECT """
+    + _LEASE_COLUMNS
+    + " FROM c JOIN a ON a.job_id = c.id"
+)
 
 _CLAIM_JOB_SQL = _CLAIM_SQL.format(where="id = %(job_id)s", queued=_QUEUED)
 _CLAIM_NEXT_SQL = _CLAIM_SQL.format(
@@ -146,7 +150,9 @@ def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None
     if row is None:
         return Rejection.LEASE_SUPERSEDED
     state, current_token, my_outcome = row
-    if reporting is not None and my_outcome == reporting and current_token == lease_token:
+    # The attempt row is keyed by this token: if it already holds exactly this report, the
+    # report landed (its reply was lost), whoever has claimed the job since.
+    if reporting is not None and my_outcome == reporting:
         return Rejection.ALREADY_RECORDED
     if state == JobState.CANCELLED:
         return Rejection.JOB_CANCELLED
@@ -164,11 +170,11 @@ def heartbeat(*, job_id: int, lease_token: int, lease_seconds: float, progress: 
                 UPDATE workers_job
                 SET lease_expires_at = now() + make_interval(secs => %s), heartbeat_at = now(),
                     progress = COALESCE(%s::jsonb, progress), updated_at = now()
-                WHERE id = %s AND lease_token = %s AND """ + _RUNNING + """ AND lease_expires_at > now()
+                WHERE id = %s AND lease_token = %s AND state IS NOT DISTINCT FROM 'running' AND lease_expires_at > now()
                 RETURNING id
             )
             UPDATE workers_attempt SET heartbeat_at = now()
-            WHERE job_id IN (SELECT id FROM j) AND lease_token = %s
+            WHERE job_id = (SELECT id FROM j) AND lease_token = %s
             RETURNING id
             """,
             [lease_seconds, json.dumps(progress) if progress is not None else None, job_id, lease_token, lease_token],
@@ -189,8 +195,15 @@ class Report:
 
 
 def _settle(
-    *, job_id: int, lease_token: int, job_set: str, job_params: list[Any], outcome: str, report: Report,
-    error_class: str = "", error_message: str = "",
+    *,
+    job_id: int,
+    lease_token: int,
+    job_set: str,
+    job_params: list[Any],
+    outcome: str,
+    report: Report,
+    error_class: str = "",
+    error_message: str = "",
 ) -> Rejection | None:
     usage = report.usage or {}
     with connection.cursor() as cursor:
@@ -201,19 +214,28 @@ def _settle(
                 SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
                     usage = usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{{}}')
                                       FROM jsonb_each_text(%s::jsonb) AS u(k, v))
-                WHERE id = %s AND lease_token = %s AND {_RUNNING} AND lease_expires_at > now()
+                WHERE id = %s AND lease_token = %s AND state IS NOT DISTINCT FROM 'running' AND lease_expires_at > now()
                 RETURNING id
             )
             UPDATE workers_attempt
             SET outcome = %s, finished_at = now(), error_class = %s, error_message = %s, compute_seconds = %s,
                 db_wait_seconds = %s, storage_wait_seconds = %s, usage = %s::jsonb
-            WHERE job_id IN (SELECT id FROM j) AND lease_token = %s
+            WHERE job_id = (SELECT id FROM j) AND lease_token = %s
             RETURNING id
             """,
             [
-                *job_params, json.dumps(usage), job_id, lease_token,
-                outcome, error_class[:200], error_message, report.compute_seconds, report.db_wait_seconds,
-                report.storage_wait_seconds, json.dumps(usage), lease_token,
+                *job_params,
+                json.dumps(usage),
+                job_id,
+                lease_token,
+                outcome,
+                error_class[:200],
+                error_message,
+                report.compute_seconds,
+                report.db_wait_seconds,
+                report.storage_wait_seconds,
+                json.dumps(usage),
+                lease_token,
             ],
         )
         if cursor.fetchone():
@@ -226,10 +248,12 @@ def complete(
 ) -> Rejection | None:
     """Record success: store the result and merge the state delta into run_state by top-level key."""
     return _settle(
-        job_id=job_id, lease_token=lease_token,
+        job_id=job_id,
+        lease_token=lease_token,
         job_set="state = 'succeeded', result = %s::jsonb, run_state = run_state || %s::jsonb, finished_at = now()",
         job_params=[json.dumps(result, default=str), json.dumps(state_delta or {}, default=str)],
-        outcome=Outcome.SUCCEEDED, report=report,
+        outcome=Outcome.SUCCEEDED,
+        report=report,
     )
 
 
@@ -239,10 +263,14 @@ def retry_later(
     """A retryable failure within the attempt budget: back to the queue after ``delay_seconds``."""
     text = redact_text(message)
     return _settle(
-        job_id=job_id, lease_token=lease_token,
+        job_id=job_id,
+        lease_token=lease_token,
         job_set="state = 'queued', scheduled_at = now() + make_interval(secs => %s), error_class = %s, error_message = %s",
         job_params=[delay_seconds, error_class[:200], text],
-        outcome=Outcome.RETRY, report=report, error_class=error_class, error_message=text,
+        outcome=Outcome.RETRY,
+        report=report,
+        error_class=error_class,
+        error_message=text,
     )
 
 
@@ -252,10 +280,14 @@ def fail(
     """A terminal outcome: typed failure, fatal error or spent attempt budget."""
     text = redact_text(message)
     return _settle(
-        job_id=job_id, lease_token=lease_token,
+        job_id=job_id,
+        lease_token=lease_token,
         job_set="state = 'failed', failure_reason = %s, error_class = %s, error_message = %s, finished_at = now()",
         job_params=[reason.value, error_class[:200], text],
-        outcome=Outcome.FAILED, report=report, error_class=error_class, error_message=text,
+        outcome=Outcome.FAILED,
+        report=report,
+        error_class=error_class,
+        error_message=text,
     )
 
 
@@ -264,7 +296,11 @@ def release(*, job_id: int, lease_token: int, outcome: str, message: str = "", d
     if outcome not in (Outcome.INTERRUPTED, Outcome.UNSERVABLE):
         raise ValueError(f"release cannot record {outcome!r}")
     return _settle(
-        job_id=job_id, lease_token=lease_token,
+        job_id=job_id,
+        lease_token=lease_token,
         job_set="state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %s)",
-        job_params=[delay_seconds], outcome=outcome, report=Report(), error_message=message,
+        job_params=[delay_seconds],
+        outcome=outcome,
+        report=Report(),
+        error_message=message,
     )
