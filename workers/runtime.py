@@ -14,7 +14,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -248,14 +248,11 @@ class WorkerRuntime:
             delay = min(UNSERVABLE_MAX_DELAY, 0.5 * 2**earlier)
             self._report(
                 lease,
-                lambda: leases.release(
-                    job_id=lease.job_id,
-                    lease_token=lease.lease_token,
-                    outcome=Outcome.UNSERVABLE,
-                    message=f"worker {self.name} does not serve {lease.kind}@{lease.version}",
-                    delay_seconds=delay,
-                ),
                 Outcome.UNSERVABLE,
+                leases.release,
+                outcome=Outcome.UNSERVABLE,
+                message=f"worker {self.name} does not serve {lease.kind}@{lease.version}",
+                delay_seconds=delay,
             )
             return
         ctx = JobContext(lease, kind, self)
@@ -302,40 +299,28 @@ class WorkerRuntime:
         if what == "stale":
             return
         if what == "ok":
-            self._report(
-                lease,
-                lambda: leases.complete(
-                    job_id=lease.job_id, lease_token=lease.lease_token, result=value, state_delta=ctx.state_delta, report=report
-                ),
-                Outcome.SUCCEEDED,
-            )
+            self._report(lease, Outcome.SUCCEEDED, leases.complete, result=value, state_delta=ctx.state_delta, report=report)
             return
         if what == "interrupted" and value == "shutdown" and lease.delivery == Delivery.AT_MOST_ONCE:
             # The body was cut off mid-way and may already have had its effect. Releasing it
             # would run it a second time: at_most_once fails instead, as the reaper does.
             self._report(
                 lease,
-                lambda: leases.fail(
-                    job_id=lease.job_id,
-                    lease_token=lease.lease_token,
-                    reason=FailureReason.ORPHANED,
-                    error_class="Interrupted",
-                    message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
-                    report=report,
-                ),
                 Outcome.FAILED,
+                leases.fail,
+                reason=FailureReason.ORPHANED,
+                error_class="Interrupted",
+                message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
+                report=report,
             )
             return
         if what == "interrupted" and value == "shutdown":
             self._report(
                 lease,
-                lambda: leases.release(
-                    job_id=lease.job_id,
-                    lease_token=lease.lease_token,
-                    outcome=Outcome.INTERRUPTED,
-                    message="released at worker shutdown deadline",
-                ),
                 Outcome.INTERRUPTED,
+                leases.release,
+                outcome=Outcome.INTERRUPTED,
+                message="released at worker shutdown deadline",
             )
             return
         if what == "interrupted" and value == "deadline":
@@ -356,54 +341,49 @@ class WorkerRuntime:
                 delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts)
                 self._report(
                     lease,
-                    lambda: leases.retry_later(
-                        job_id=lease.job_id,
-                        lease_token=lease.lease_token,
-                        delay_seconds=delay,
-                        error_class=error_class,
-                        message=message,
-                        report=report,
-                    ),
                     Outcome.RETRY,
+                    leases.retry_later,
+                    delay_seconds=delay,
+                    error_class=error_class,
+                    message=message,
+                    report=report,
                 )
                 return
             reason = FailureReason.ATTEMPTS_EXHAUSTED
         self._report(
             lease,
-            lambda: leases.fail(
-                job_id=lease.job_id,
-                lease_token=lease.lease_token,
-                reason=reason,
-                error_class=error_class,
-                message=message,
-                report=report,
-            ),
             Outcome.FAILED,
+            leases.fail,
+            reason=reason,
+            error_class=error_class,
+            message=message,
+            report=report,
         )
 
-    def _report(self, lease: Lease, call: Any, outcome: str) -> Rejection | None:
-        """Send a report, retrying through a dropped connection; handle each rejection by name."""
+    def _report(self, lease: Lease, reporting: str, service: Callable[..., Rejection | None], **fields: Any) -> Rejection | None:
+        """Call a fenced lease service for this attempt, retrying through a dropped connection,
+        and handle each rejection by name."""
         rejection: Rejection | None = None
         for attempt in range(4):
             try:
-                rejection = call()
+                rejection = service(job_id=lease.job_id, lease_token=lease.lease_token, **fields)
                 break
             except (OperationalError, InterfaceError) as exc:
                 # The commit may or may not have happened; the repeat answers already_recorded if it did.
-                log.warning("job %s: reporting %s failed (%s); retrying", lease.job_id, outcome, type(exc).__name__)
+                log.warning("job %s: reporting %s failed (%s); retrying", lease.job_id, reporting, type(exc).__name__)
                 connection.close()
                 time.sleep(0.2 * 2**attempt)
         else:
-            log.error("job %s: could not report %s; the lease will expire and the reaper decides", lease.job_id, outcome)
+            log.error("job %s: could not report %s; the lease will expire and the reaper decides", lease.job_id, reporting)
             return None
         if rejection is None or rejection is Rejection.ALREADY_RECORDED:
             return rejection  # already_recorded: our earlier report landed; that is success
         if rejection is Rejection.JOB_CANCELLED:
-            log.info("job %s was cancelled while running; its %s report was discarded", lease.job_id, outcome)
+            log.info("job %s was cancelled while running; its %s report was discarded", lease.job_id, reporting)
         elif rejection is Rejection.LEASE_SUPERSEDED:
-            log.warning("job %s is owned by a newer attempt; this attempt's %s report was discarded", lease.job_id, outcome)
+            log.warning("job %s is owned by a newer attempt; this attempt's %s report was discarded", lease.job_id, reporting)
         elif rejection is Rejection.LEASE_EXPIRED:
-            log.warning("job %s: lease expired before the %s report; the reaper requeues or fails it", lease.job_id, outcome)
+            log.warning("job %s: lease expired before the %s report; the reaper requeues or fails it", lease.job_id, reporting)
         return rejection
 
     def drain(self, *, first_job_id: int | None, origin_queue: str) -> int:
