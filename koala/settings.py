@@ -62,7 +62,6 @@ try:
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
-    KOALA_DEFAULT_MAX_ATTEMPTS = env.integer("KOALA_DEFAULT_MAX_ATTEMPTS", 5, minimum=1)
     KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds"])
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.

@@ -183,7 +183,6 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
-    jobs_done = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["-last_seen_at"]

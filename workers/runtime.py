@@ -132,7 +132,6 @@ class WorkerRuntime:
         self._in_body = False
         self._alarm_reason = ""
         self._heartbeat: threading.Thread | None = None
-        self.jobs_done = 0
 
     def configure(self, *, name: str, queues: list[str]) -> None:
         self.name = name
@@ -287,7 +286,6 @@ class WorkerRuntime:
             usage=ctx.usage or None,
         )
         self._settle(ctx, kind, outcome, report, secrets)
-        self.jobs_done += 1
 
     def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report, secrets: list[str]) -> None:
         lease = ctx.lease

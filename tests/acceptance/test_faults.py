@@ -234,15 +234,19 @@ def _progress(job_ids: list[int]) -> int:
     return Job.objects.filter(pk__in=job_ids, state="succeeded").count()
 
 
-def test_redis_flushall_mid_way_loses_and_doubles_nothing(private_redis, processes, tmp_path, stray_pids) -> None:
+def _start_fleet_with_probes(processes, tmp_path) -> tuple[str, list, list[int]]:  # type: ignore[no-untyped-def]
+    """Two workers and a beat, then 200 short probe jobs."""
     log = str(tmp_path / "effects.log")
     # Small drain batches: the workers depend on doorbell messages all the way through.
     env = worker_env(KOALA_DRAIN_BATCH="5")
     workers = [processes.worker(env=env), processes.worker(env=env)]
     processes.beat(env=env)
     wait_workers_ready(workers)
+    return log, workers, _enqueue_probes(log, 200, seconds=0.02)
 
-    job_ids = _enqueue_probes(log, 200, seconds=0.02)
+
+def test_redis_flushall_mid_way_loses_and_doubles_nothing(private_redis, processes, tmp_path, stray_pids) -> None:
+    log, workers, job_ids = _start_fleet_with_probes(processes, tmp_path)
     client = doorbell.redis_connection()
     for threshold in (30, 80, 130):
         wait_for(lambda t=threshold: _progress(job_ids) >= t, timeout=60, interval=0.02, what=f"{threshold} jobs done")
@@ -254,13 +258,7 @@ def test_redis_flushall_mid_way_loses_and_doubles_nothing(private_redis, process
 
 
 def test_redis_restart_without_persistence_loses_and_doubles_nothing(private_redis, processes, tmp_path, stray_pids) -> None:
-    log = str(tmp_path / "effects.log")
-    env = worker_env(KOALA_DRAIN_BATCH="5")
-    workers = [processes.worker(env=env), processes.worker(env=env)]
-    processes.beat(env=env)
-    wait_workers_ready(workers)
-
-    job_ids = _enqueue_probes(log, 200, seconds=0.02)
+    log, workers, job_ids = _start_fleet_with_probes(processes, tmp_path)
     wait_for(lambda: _progress(job_ids) >= 50, timeout=60, interval=0.02, what="50 jobs done")
     private_redis.kill()
     down_at = _progress(job_ids)

@@ -24,7 +24,6 @@ class Migration(migrations.Migration):
                 ('started_at', models.DateTimeField()),
                 ('last_seen_at', models.DateTimeField()),
                 ('stopped_at', models.DateTimeField(blank=True, null=True)),
-                ('jobs_done', models.PositiveBigIntegerField(default=0)),
             ],
             options={
                 'ordering': ['-last_seen_at'],
