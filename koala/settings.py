@@ -5,6 +5,7 @@ Parsing is strict (koala.env): a malformed value stops start-up naming the varia
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -67,6 +68,11 @@ try:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
     KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
+    for _pattern in KOALA_REDACT_EXTRA_PATTERNS:
+        try:
+            re.compile(_pattern)
+        except re.error as _bad:
+            raise ConfigError(f"KOALA_REDACT_EXTRA_PATTERNS has an invalid regex {_pattern!r}: {_bad}") from None
 except ConfigError as _exc:
     # A clear one-line message beats a traceback through the settings module.
     sys.stderr.write(f"Koala configuration error: {_exc}\n")

@@ -71,6 +71,11 @@ def test_heartbeat_must_be_shorter_than_lease() -> None:
     assert result.returncode == 2 and "KOALA_HEARTBEAT_SECONDS" in result.stderr
 
 
+def test_invalid_redaction_pattern_stops_startup() -> None:
+    result = _manage("check", KOALA_REDACT_EXTRA_PATTERNS="acct-[0-9", SECRET_KEY="k" * 60)
+    assert result.returncode == 2 and "KOALA_REDACT_EXTRA_PATTERNS has an invalid regex" in result.stderr
+
+
 def test_missing_database_url_is_explained() -> None:
     environment_without_db = {"DATABASE_URL": "", "SECRET_KEY": "k" * 60}
     result = _manage("check", **environment_without_db)
