@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from django.conf import settings
 from redis import Redis
 from rq import Queue
+from rq.queue import EnqueueData
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
         room = limit - q.count
         if room <= 0:
             return 0
-        batch: list[Any] = []
+        batch: list[EnqueueData] = []
         for job_id, version in jobs:
             if len(batch) >= room:
                 break

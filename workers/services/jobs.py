@@ -127,7 +127,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
     results: list[EnqueueResult] = []
     # One row, no audit record and no caller's transaction: the INSERT … ON CONFLICT is atomic
     # on its own, so autocommit saves the BEGIN/COMMIT round trips (on_commit then rings at once).
-    lone_insert = len(rows) == 1 and not created_by and not connection.in_atomic_block and connection.get_autocommit()
+    lone_insert = len(rows) == 1 and not created_by and connection.get_autocommit()
     with nullcontext() if lone_insert else transaction.atomic(), connection.cursor() as cursor:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
