@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 MASK = "[redacted]"
@@ -39,7 +39,26 @@ ALWAYS_SENSITIVE_KEYS = frozenset(
     }
 )
 
-_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        number = int(char)
+        if index % 2 == 1:
+            number = number * 2 - 9 if number > 4 else number * 2
+        total += number
+    return total % 10 == 0
+
+
+def _mask_card(match: re.Match[str]) -> str:
+    # Only runs that pass the Luhn check: order numbers and epoch milliseconds mostly do not.
+    digits = re.sub(r"[ -]", "", match.group(0))
+    return MASK if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
+
+
+_PATTERNS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
+    # Payment-card-like numbers (13-19 digits, optionally grouped by spaces or dashes).
+    (re.compile(r"\b\d(?:[ -]?\d){12,18}\b"), _mask_card),
     # "Authorization: Bearer abc.def" and bare "Bearer abc"
     (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
     # key=value / key: value pairs whose key names a secret
@@ -61,7 +80,7 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-def _extra_patterns() -> list[tuple[re.Pattern[str], str]]:
+def _extra_patterns() -> list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]]:
     from django.conf import settings
 
     extra = getattr(settings, "KOALA_REDACT_EXTRA_PATTERNS", [])
@@ -89,16 +108,30 @@ def is_sensitive_key(key: str, declared: Iterable[str] = ()) -> bool:
     return lowered in ALWAYS_SENSITIVE_KEYS or lowered in {d.lower() for d in declared}
 
 
-def redact_data(value: Any, *, sensitive: Iterable[str] = ()) -> Any:
-    """A copy of JSON-like data with sensitive keys masked and strings pattern-masked."""
+def redact_data(value: Any, *, sensitive: Iterable[str] = (), secrets: Iterable[str] = ()) -> Any:
+    """A copy of JSON-like data with sensitive keys masked and strings pattern-masked.
+
+    ``secrets`` are literal values (e.g. a job's sensitive inputs) masked wherever they appear.
+    """
     declared = frozenset(sensitive)
+    known = list(secrets)
     if isinstance(value, Mapping):
-        return {k: (MASK if is_sensitive_key(str(k), declared) else redact_data(v, sensitive=declared)) for k, v in value.items()}
+        return {
+            k: (MASK if is_sensitive_key(str(k), declared) else redact_data(v, sensitive=declared, secrets=known))
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [redact_data(v, sensitive=declared) for v in value]
+        return [redact_data(v, sensitive=declared, secrets=known) for v in value]
     if isinstance(value, str):
-        return redact_text(value, limit=10_000)
+        return redact_text(value, secrets=known, limit=10_000)
+    if isinstance(value, int) and not isinstance(value, bool) and len(str(abs(value))) >= 13:
+        return redact_text(str(value), secrets=known) if _mask_card_int(value) else value
     return value
+
+
+def _mask_card_int(value: int) -> bool:
+    digits = str(abs(value))
+    return 13 <= len(digits) <= 19 and _luhn_ok(digits)
 
 
 def sensitive_values(value: Any, *, sensitive: Iterable[str] = ()) -> list[str]:

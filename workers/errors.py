@@ -77,3 +77,53 @@ class Interrupted(BaseException):
 
 class AttemptTimeout(Retryable):
     """The attempt overran its kind's per-attempt time limit; retried like any transient error."""
+
+
+# -- Outbound calls (raised by a perform() callable given to ctx.operation) -------------------
+
+
+class OutcomeUnknown(Exception):
+    """The request may have reached the provider, and no answer came back (timeout after
+    sending, 5xx, connection reset). The operation becomes ``uncertain``; the job is retried
+    and the retry reconciles before it sends anything again."""
+
+
+class NotPerformed(Exception):
+    """The provider definitely did not act (429, connection refused before sending).
+    The operation is ``failed`` and safe to re-send; the job is retried after ``retry_after``."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Declined(Exception):
+    """The provider refused for good (card declined, invalid request): the job fails terminally."""
+
+
+class OperationMismatch(TerminalFailure):
+    """An operation key was reused with different parameters: never send the other request under it."""
+
+    code = "operation_mismatch"
+
+
+class SafetyError(ValueError):
+    """Bad input to a safety-layer service (budget, pause, review, operation resolution)."""
+
+
+class Park(BaseException):
+    """Raised inside a body by the safety layer to set the job aside without using an attempt.
+
+    A BaseException so a body's broad ``except Exception`` cannot swallow it. The runtime
+    answers it with ``leases.park``: the lease is released, no worker waits.
+    """
+
+    def __init__(self, reason: str, detail: str, parked_on: dict[str, object] | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.parked_on = parked_on or {}
+
+
+class Paused(BaseException):
+    """Raised by ``ctx.checkpoint()`` when a stop-mode pause covers the running job."""

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 Body = Callable[["JobContext", dict[str, Any]], Any]
 InputValidator = Callable[[dict[str, Any]], None]
+# When an operation is critical (needs a reviewer's approval): "always", {"above_minor": N},
+# or a callable taking the operation's parameters (and amount) and returning a bool.
+CriticalRule = str | Mapping[str, Any] | Callable[[dict[str, Any], "int | None"], bool]
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,20 @@ class JobKind:
     sensitive_fields: frozenset[str] = field(default_factory=frozenset)
     required_fields: frozenset[str] = field(default_factory=frozenset)
     validate: InputValidator | None = None
+    critical: Mapping[str, CriticalRule] = field(default_factory=dict)  # operation name -> rule
+
+    def is_critical(self, operation: str, params: dict[str, Any], amount_minor: int | None) -> bool:
+        rule = self.critical.get(operation)
+        if rule is None:
+            return False
+        if rule == "always":
+            return True
+        if isinstance(rule, Mapping):
+            threshold = rule.get("above_minor")
+            return amount_minor is not None and threshold is not None and amount_minor > int(threshold)
+        if callable(rule):
+            return bool(rule(params, amount_minor))
+        raise ValueError(f"{self.key}: critical rule for {operation!r} must be 'always', {{'above_minor': N}} or a callable")
 
     @property
     def key(self) -> str:
@@ -75,6 +92,10 @@ def register(kind: JobKind) -> JobKind:
         raise ValueError(f"{kind.key}: delivery must be one of {Delivery.values}")
     if kind.max_attempts < 1:
         raise ValueError(f"{kind.key}: max_attempts must be at least 1")
+    for operation, rule in kind.critical.items():
+        valid = rule == "always" or callable(rule) or (isinstance(rule, Mapping) and set(rule) == {"above_minor"})
+        if not valid:
+            raise ValueError(f"{kind.key}: critical rule for {operation!r} must be 'always', {{'above_minor': N}} or a callable")
     if kind.delivery == Delivery.AT_MOST_ONCE and kind.max_attempts != 1:
         # A retry is a second delivery; at-most-once cannot have one.
         raise ValueError(f"{kind.key}: at_most_once kinds must have max_attempts=1")

@@ -13,12 +13,19 @@ from django.db.models import Q
 class JobState(models.TextChoices):
     QUEUED = "queued"  # waiting; due when scheduled_at <= now()
     RUNNING = "running"  # leased by exactly one attempt
+    PARKED = "parked"  # set aside, no lease and no worker waiting: see park_reason
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class ParkReason(models.TextChoices):
+    WAITING_REVIEW = "waiting_review"  # a critical operation needs an approval bound to its digest
+    NEEDS_ATTENTION = "needs_attention"  # an uncertain operation no reconcile hook could settle
+    BUDGET = "budget"  # a budget limit is exhausted for the current period
 
 
 class Delivery(models.TextChoices):
@@ -32,6 +39,8 @@ class FailureReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # retryable, but the budget is spent
     ORPHANED = "orphaned"  # lease expired; at_most_once cannot know if the body ran
     DEADLINE_EXCEEDED = "deadline_exceeded"  # the job's overall deadline passed
+    REVIEW_REJECTED = "review_rejected"  # a reviewer rejected a critical operation
+    REVIEW_EXPIRED = "review_expired"  # nobody decided a critical operation in time
 
 
 class Outcome(models.TextChoices):
@@ -41,7 +50,8 @@ class Outcome(models.TextChoices):
     ORPHANED = "orphaned"  # lease expired without a report
     UNSERVABLE = "unservable"  # the worker lacks this kind/version: no attempt used
     CANCELLED = "cancelled"  # an operator cancelled the job
-    INTERRUPTED = "interrupted"  # released on shutdown or requeued by an operator
+    INTERRUPTED = "interrupted"  # released on shutdown, a stop pause, or requeued by an operator
+    PARKED = "parked"  # the job was parked (review, needs attention, budget): no attempt used
 
 
 class Job(models.Model):
@@ -73,6 +83,10 @@ class Job(models.Model):
     failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     error_class = models.CharField(max_length=200, blank=True, default="")
     error_message = models.TextField(blank=True, default="", help_text="Redacted; never a stack trace.")
+    park_reason = models.CharField(max_length=32, choices=ParkReason.choices, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
+    park_detail = models.TextField(blank=True, default="", help_text="Why the job is parked (redacted).")
+    parked_on = models.JSONField(default=dict, blank=True, help_text="What unparks it (budget id, need).")
+    parked_at = models.DateTimeField(null=True, blank=True)
 
     correlation_id = models.CharField(max_length=64, blank=True, default="")
     trace_id = models.CharField(max_length=32, blank=True, default="")
@@ -105,6 +119,11 @@ class Job(models.Model):
                 | (~Q(state=JobState.FAILED) & Q(failure_reason__isnull=True)),
                 name="job_failed_has_reason",
             ),
+            models.CheckConstraint(
+                condition=Q(state=JobState.PARKED, park_reason__in=[r.value for r in ParkReason])
+                | (~Q(state=JobState.PARKED) & Q(park_reason__isnull=True)),
+                name="job_parked_has_reason",
+            ),
             models.UniqueConstraint(
                 fields=["kind", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
@@ -124,6 +143,9 @@ class Job(models.Model):
             # Matches the reaper: WHERE state='running' AND lease_expires_at < now()
             models.Index(fields=["lease_expires_at"], condition=Q(state=JobState.RUNNING), name="job_lease_expiry_idx"),
             models.Index(fields=["state", "-created_at"], name="job_state_created_idx"),
+            models.Index(fields=["park_reason", "parked_at"], condition=Q(state=JobState.PARKED), name="job_parked_idx"),
+            models.Index(fields=["kind", "state", "-created_at"], name="job_kind_state_created_idx"),
+            models.Index(fields=["queue", "state", "-created_at"], name="job_queue_state_created_idx"),
         ]
 
     def __str__(self) -> str:
@@ -189,3 +211,229 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# -- The safety layer: operations ledger, budgets, prices, pauses -----------------------------
+
+
+class OperationState(models.TextChoices):
+    IN_FLIGHT = "in_flight"  # committed before the outbound call; the call may or may not have happened
+    SUCCEEDED = "succeeded"  # the provider answered and the answer is stored
+    FAILED = "failed"  # it definitely did not happen (declined, 429, or resolved as absent): safe to re-send
+    UNCERTAIN = "uncertain"  # the call went out and no answer came back (timeout, 5xx)
+    RECONCILED = "reconciled"  # after doubt, confirmed as happened (by the provider or a person)
+
+
+DONE_OPERATION_STATES = (OperationState.SUCCEEDED, OperationState.RECONCILED)
+
+
+class Resolution(models.TextChoices):
+    NONE = ""
+    FOUND = "found"  # reconcile() found it at the provider
+    ABSENT = "absent"  # reconcile() proved it absent; re-sent with the same key
+    MANUAL_HAPPENED = "manual_happened"  # a person confirmed it happened
+    MANUAL_ABSENT = "manual_absent"  # a person confirmed it did not happen
+
+
+class Operation(models.Model):
+    """One side effect on the outside world, recorded before it is attempted.
+
+    ``key`` is the idempotency key the provider sees; it is stable across retries of
+    the step, so a re-run finds this row instead of calling out again.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="operations")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="operations")
+    lease_token = models.BigIntegerField(help_text="The fence of the attempt that last wrote this row.")
+    name = models.CharField(max_length=100, help_text="The step's name within its job.")
+    key = models.CharField(max_length=300, unique=True)
+    kind = models.CharField(max_length=50, help_text="email, order, charge, model_call, publish, …")
+    fingerprint = models.CharField(max_length=64, help_text="sha256 of the canonical request parameters.")
+    params = models.JSONField(default=dict, blank=True, help_text="Redacted request parameters.")
+    state = models.CharField(max_length=16, choices=OperationState.choices)
+    resolution = models.CharField(max_length=20, choices=Resolution.choices, blank=True, default="")
+    external_id = models.CharField(max_length=200, blank=True, default="")
+    response = models.JSONField(default=dict, blank=True, help_text="Redacted summary of the provider's answer.")
+    result = models.JSONField(null=True, blank=True, help_text="What the body got back (redacted); returned on re-run.")
+    amount_minor = models.BigIntegerField(null=True, blank=True)
+    target = models.CharField(max_length=200, blank=True, default="")
+    estimate_minor = models.BigIntegerField(default=0)
+    cost_minor = models.BigIntegerField(null=True, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    reservations = models.JSONField(
+        default=list, blank=True, help_text="[[budget_usage_id, minor], …] held while the outcome is open."
+    )
+    error_message = models.TextField(blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0, help_text="Times the call was sent.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=[s.value for s in OperationState]), name="operation_state_valid"),
+            models.CheckConstraint(condition=Q(resolution__in=[r.value for r in Resolution]), name="operation_resolution_valid"),
+            models.CheckConstraint(
+                condition=Q(cost_minor__isnull=True) | Q(cost_minor__gte=0), name="operation_cost_not_negative"
+            ),
+            models.CheckConstraint(condition=Q(estimate_minor__gte=0), name="operation_estimate_not_negative"),
+            # A reconciled row says how it was settled.
+            models.CheckConstraint(
+                condition=~Q(state=OperationState.RECONCILED) | Q(resolution__in=["found", "manual_happened"]),
+                name="operation_reconciled_has_resolution",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(state__in=["in_flight", "uncertain"]),
+                name="operation_open_idx",
+            ),
+        ]
+        ordering = ["job_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} of job {self.job_id} ({self.state})"
+
+    @property
+    def is_done(self) -> bool:
+        return self.state in DONE_OPERATION_STATES
+
+
+class Scope(models.TextChoices):
+    GLOBAL = "global"
+    QUEUE = "queue"
+    KIND = "kind"
+
+
+class Budget(models.Model):
+    """Limits for one scope per period (a calendar day in ``timezone``). NULL = no limit."""
+
+    name = models.CharField(max_length=100, unique=True)
+    scope = models.CharField(max_length=10, choices=Scope.choices)
+    target = models.CharField(max_length=100, blank=True, default="", help_text="Queue or kind name; empty for global.")
+    tenant = models.CharField(max_length=100, blank=True, default="", help_text="Empty: every tenant together.")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="The period is the calendar day here.")
+    currency = models.CharField(max_length=3, default="EUR")
+    spend_limit_minor = models.BigIntegerField(null=True, blank=True)
+    request_limit = models.BigIntegerField(null=True, blank=True)
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    run_seconds_limit = models.BigIntegerField(null=True, blank=True)
+    attempt_limit = models.BigIntegerField(null=True, blank=True)
+    pause_on_exhaust = models.BooleanField(default=False, help_text="Pause the scope (drain) when a limit is hit.")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(scope__in=[s.value for s in Scope]), name="budget_scope_valid"),
+            models.CheckConstraint(
+                condition=Q(scope=Scope.GLOBAL, target="") | (~Q(scope=Scope.GLOBAL) & ~Q(target="")),
+                name="budget_target_matches_scope",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    (Q(spend_limit_minor__isnull=True) | Q(spend_limit_minor__gte=0))
+                    & (Q(request_limit__isnull=True) | Q(request_limit__gte=0))
+                    & (Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=0))
+                    & (Q(run_seconds_limit__isnull=True) | Q(run_seconds_limit__gte=0))
+                    & (Q(attempt_limit__isnull=True) | Q(attempt_limit__gte=0))
+                ),
+                name="budget_limits_not_negative",
+            ),
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        where = self.target or "everything"
+        return f"{self.name} ({self.scope} {where}{' / ' + self.tenant if self.tenant else ''})"
+
+
+class BudgetUsage(models.Model):
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="usage")
+    period = models.DateField(help_text="The day in the budget's time zone.")
+    spent_minor = models.BigIntegerField(default=0)
+    reserved_minor = models.BigIntegerField(default=0, help_text="Held by calls whose outcome is still open.")
+    requests = models.BigIntegerField(default=0)
+    attempts = models.BigIntegerField(default=0)
+    run_seconds = models.FloatField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "period"], name="budget_usage_one_per_period"),
+            models.CheckConstraint(
+                condition=Q(spent_minor__gte=0, reserved_minor__gte=0, requests__gte=0, attempts__gte=0),
+                name="budget_usage_not_negative",
+            ),
+        ]
+        ordering = ["-period"]
+
+    def __str__(self) -> str:
+        return f"{self.budget.name} {self.period}"
+
+
+class ModelPrice(models.Model):
+    """The one price table Koala uses to turn token usage into cost."""
+
+    model = models.CharField(max_length=100, unique=True)
+    input_minor_per_mtok = models.BigIntegerField(help_text="Minor units per million input tokens.")
+    output_minor_per_mtok = models.BigIntegerField(help_text="Minor units per million output tokens.")
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(input_minor_per_mtok__gte=0, output_minor_per_mtok__gte=0), name="model_price_not_negative"
+            )
+        ]
+        ordering = ["model"]
+
+    def __str__(self) -> str:
+        return self.model
+
+
+class PauseMode(models.TextChoices):
+    DRAIN = "drain"  # in-flight work finishes; nothing new is claimed
+    STOP = "stop"  # in-flight attempts are cancelled at their next heartbeat and released
+
+
+class PauseSource(models.TextChoices):
+    MANUAL = "manual"
+    CIRCUIT_BREAKER = "circuit_breaker"
+    BUDGET = "budget"
+
+
+class Pause(models.Model):
+    scope = models.CharField(max_length=10, choices=Scope.choices)
+    target = models.CharField(max_length=100, blank=True, default="")
+    mode = models.CharField(max_length=10, choices=PauseMode.choices, default=PauseMode.DRAIN)
+    source = models.CharField(max_length=20, choices=PauseSource.choices, default=PauseSource.MANUAL)
+    reason = models.TextField()
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(scope__in=[s.value for s in Scope]), name="pause_scope_valid"),
+            models.CheckConstraint(condition=Q(mode__in=[m.value for m in PauseMode]), name="pause_mode_valid"),
+            models.CheckConstraint(
+                condition=Q(scope=Scope.GLOBAL, target="") | (~Q(scope=Scope.GLOBAL) & ~Q(target="")),
+                name="pause_target_matches_scope",
+            ),
+            models.CheckConstraint(condition=~Q(reason=""), name="pause_has_reason"),
+            # One live pause per scope: pausing twice is a clear error, not two rows to lift.
+            models.UniqueConstraint(
+                fields=["scope", "target"], condition=Q(lifted_at__isnull=True), name="pause_one_live_per_scope"
+            ),
+        ]
+        indexes = [models.Index(fields=["scope", "target"], condition=Q(lifted_at__isnull=True), name="pause_live_idx")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"pause {self.scope} {self.target or '*'} ({self.mode})"

@@ -24,9 +24,10 @@ from django.utils import timezone
 
 from koala.redaction import redact_text, sensitive_values
 from workers import kinds
-from workers.errors import AttemptTimeout, Interrupted, Rejection, Retryable, StaleAttempt, TerminalFailure
-from workers.models import Attempt, Delivery, FailureReason, Outcome
-from workers.services import leases
+from workers.errors import AttemptTimeout, Interrupted, Park, Paused, Rejection, Retryable, StaleAttempt, TerminalFailure
+from workers.models import Attempt, Delivery, FailureReason, Operation, Outcome
+from workers.services import budgets, leases, pauses
+from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
 
 log = logging.getLogger("koala.worker")
@@ -37,14 +38,17 @@ UNSERVABLE_MAX_DELAY = 30.0  # seconds; a job nobody here serves is retried at m
 class JobContext:
     """What a body gets besides its input: signals, checkpoints, state and usage.
 
-    ``cancelled`` is set when the lease is lost, the job is cancelled or the run's time
-    is up; a long body should check it (or call ``checkpoint()``) between steps.
+    ``cancelled`` is set when the lease is lost, the job is cancelled, a stop-mode pause
+    covers it, or the run's time is up; a long body should call ``checkpoint()`` between
+    steps, which raises the right exception for the runtime to act on.
     """
 
     def __init__(self, lease: Lease, kind: kinds.JobKind, runtime: WorkerRuntime) -> None:
         self.lease = lease
         self.kind = kind
         self.job_id = lease.job_id
+        self.attempt_id = lease.attempt_id
+        self.created_by = lease.created_by
         self.attempt = lease.attempts
         self.input = lease.input
         self.run_state = lease.run_state
@@ -67,6 +71,8 @@ class JobContext:
         self.time_limit_at: float | None = now + lease.timeout_seconds
         self.deadline_at: float | None = now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
         self.stale_stop_at: float | None = None
+        self.paused = False  # a stop-mode pause covers this job: release it at the next safe point
+        self.pause_stop_at: float | None = None
         self.last_beat_at = now
 
     # -- body API ----------------------------------------------------------------
@@ -81,9 +87,33 @@ class JobContext:
         self.checkpoint()
 
     def checkpoint(self) -> None:
-        """Raise StaleAttempt if this attempt may no longer act."""
+        """Raise StaleAttempt if this attempt may no longer act, Paused if a stop pause covers it."""
         if self.rejection is not None:
             raise StaleAttempt(self.rejection)
+        if self.paused:
+            raise Paused("a stop-mode pause covers this job")
+
+    def operation(self, name: str, **options: Any) -> dict[str, Any]:
+        """Run one outbound side effect through the operations ledger (see workers.operations).
+
+        Returns the result's data; a re-run after success returns the stored data without
+        calling out. Raises Park (review, needs attention, budget) for the runtime to handle.
+        """
+        from workers.operations import run_operation
+
+        self.checkpoint()
+        options.setdefault("reconcile", None)
+        options.setdefault("key", None)
+        options.setdefault("estimate_minor", 0)
+        options.setdefault("amount_minor", None)
+        options.setdefault("currency", "")
+        options.setdefault("target", "")
+        options.setdefault("tenant", None)
+        return run_operation(self, name, **options)
+
+    def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:
+        """The stored ledger row of step ``name`` (any state), e.g. the params of a crashed publish."""
+        return Operation.objects.filter(key=key or f"{self.idempotency_key}:{name}").first()
 
     def set_state(self, **delta: Any) -> None:
         """Top-level keys merged into the run's state when the attempt completes."""
@@ -161,7 +191,12 @@ class WorkerRuntime:
             ctx = self.current
             if not (self._alarm_enabled and self._in_body and ctx is not None):
                 return
-            candidates = [(ctx.time_limit_at, "timeout"), (ctx.deadline_at, "deadline"), (ctx.stale_stop_at, "stale")]
+            candidates = [
+                (ctx.time_limit_at, "timeout"),
+                (ctx.deadline_at, "deadline"),
+                (ctx.stale_stop_at, "stale"),
+                (ctx.pause_stop_at, "paused"),
+            ]
             if self.shutdown_deadline is not None:
                 candidates.append((self.shutdown_deadline, "shutdown"))
             at, reason = min(((t, r) for t, r in candidates if t is not None), key=lambda c: c[0])
@@ -235,6 +270,20 @@ class WorkerRuntime:
             # A body that ignores ctx.cancelled is interrupted one heartbeat later.
             ctx.stale_stop_at = time.monotonic() + float(settings.KOALA_HEARTBEAT_SECONDS)
             self._rearm()
+            return
+        if ctx.paused:
+            return
+        try:
+            stop = pauses.stop_requested(kind=ctx.lease.kind, queue=ctx.lease.queue)
+        except (OperationalError, InterfaceError):
+            connection.close()
+            return
+        if stop and self.current is ctx:
+            log.warning("job %s attempt %s: a stop pause covers it; cancelling the body", ctx.job_id, ctx.attempt)
+            ctx.paused = True
+            ctx.cancelled.set()
+            ctx.pause_stop_at = time.monotonic() + float(settings.KOALA_HEARTBEAT_SECONDS)
+            self._rearm()
 
     # -- running jobs ------------------------------------------------------------
     def run(self, lease: Lease) -> None:
@@ -272,6 +321,10 @@ class WorkerRuntime:
                         signal.setitimer(signal.ITIMER_REAL, 0)
         except Interrupted as exc:
             outcome = ("interrupted", exc.why)
+        except Paused:
+            outcome = ("paused", None)
+        except Park as exc:
+            outcome = ("park", exc)
         except StaleAttempt as exc:
             outcome = ("stale", exc.rejection)
         except Exception as exc:
@@ -286,6 +339,11 @@ class WorkerRuntime:
             usage=ctx.usage or None,
         )
         self._settle(ctx, kind, outcome, report, secrets)
+        if lease.budget_usage_ids:
+            try:
+                budgets.add_run_seconds(usage_ids=lease.budget_usage_ids, seconds=elapsed)
+            except (OperationalError, InterfaceError):
+                connection.close()  # run time is advisory accounting; losing one sample is acceptable
 
     def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report, secrets: list[str]) -> None:
         lease = ctx.lease
@@ -299,6 +357,26 @@ class WorkerRuntime:
         if what == "ok":
             self._report(lease, Outcome.SUCCEEDED, leases.complete, result=value, state_delta=ctx.state_delta, report=report)
             return
+        if what == "park":
+            log.info("job %s parked (%s): %s", lease.job_id, value.reason, value.detail)
+            self._report(
+                lease,
+                Outcome.PARKED,
+                leases.park,
+                reason=value.reason,
+                detail=value.detail,
+                parked_on=value.parked_on,
+                report=report,
+            )
+            return
+        if what == "paused":
+            # The body stopped at a safe point (checkpoint): give the job back, no attempt used.
+            self._report(
+                lease, Outcome.INTERRUPTED, leases.release, outcome=Outcome.INTERRUPTED, message="released by a stop pause"
+            )
+            return
+        if what == "interrupted" and value == "paused":
+            value = "shutdown"  # cut off mid-body by a stop pause: exactly the shutdown case below
         if what == "interrupted" and value == "shutdown" and lease.delivery == Delivery.AT_MOST_ONCE:
             # The body was cut off mid-way and may already have had its effect. Releasing it
             # would run it a second time: at_most_once fails instead, as the reaper does.
@@ -402,10 +480,24 @@ class WorkerRuntime:
                 self.run(lease)
                 ran += 1
         exhausted = False
+        skip: dict[str, list[str]] = {q: [] for q in queues}  # kinds whose concurrency scope is full
+        blocked: set[str] = set()  # queues whose (queue or global) concurrency scope is full
         while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
             lease = None
             for queue in queues:
-                lease = leases.claim_next(queue=queue, served=served, worker=self.name, lease_seconds=self.lease_seconds)
+                while queue not in blocked:
+                    try:
+                        lease = leases.claim_next(
+                            queue=queue, served=served, worker=self.name, lease_seconds=self.lease_seconds, skip_kinds=skip[queue]
+                        )
+                    except ClaimBlocked as full:
+                        # Leave that job queued; whoever frees a slot (or the beat) rings again.
+                        if full.scope == "kind":
+                            skip[queue].append(full.target)
+                        else:
+                            blocked.add(queue)
+                        continue
+                    break
                 if lease is not None:
                     break
             if lease is None:

@@ -76,9 +76,12 @@ def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
 _INSERT_COLUMNS = (
     "kind, version, queue, input, input_fingerprint, idempotency_key, state, priority, delivery, "
     "scheduled_at, deadline_at, attempts, max_attempts, timeout_seconds, lease_token, progress, run_state, "
-    "usage, error_class, error_message, correlation_id, trace_id, created_by, created_at, updated_at"
+    "usage, error_class, error_message, park_detail, parked_on, correlation_id, trace_id, created_by, created_at, updated_at"
 )
-_ROW = "(%s, %s, %s, %s::jsonb, %s, %s, 'queued', %s, %s, %s, %s, 0, %s, %s, 0, '{}', '{}', '{}', '', '', %s, %s, %s, %s, %s)"
+_ROW = (
+    "(%s, %s, %s, %s::jsonb, %s, %s, 'queued', %s, %s, %s, %s, 0, %s, %s, 0, '{}', '{}', '{}', '', '', '', '{}', "
+    "%s, %s, %s, %s, %s)"
+)
 
 
 def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[EnqueueResult]:
@@ -226,9 +229,20 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
         job.state = JobState.CANCELLED
         job.lease_holder = None
         job.lease_expires_at = None
+        job.park_reason = None
         job.finished_at = timezone.now()
         job.error_message = reason[:500]
-        job.save(update_fields=["state", "lease_holder", "lease_expires_at", "finished_at", "error_message", "updated_at"])
+        job.save(
+            update_fields=[
+                "state",
+                "lease_holder",
+                "lease_expires_at",
+                "park_reason",
+                "finished_at",
+                "error_message",
+                "updated_at",
+            ]
+        )
         record_audit(
             actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
         )
@@ -260,7 +274,7 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
 
 
 def requeue_job(*, job_id: int, actor: str) -> Job:
-    """Make a waiting job due now, or take a running job away from its (stuck) holder.
+    """Make a waiting or parked job due now, or take a running job away from its (stuck) holder.
 
     Taking a running job fences the holder: its next write is rejected as
     lease_superseded once the job is claimed again.
@@ -277,6 +291,12 @@ def requeue_job(*, job_id: int, actor: str) -> Job:
             job.state = JobState.QUEUED
             if job.attempts >= job.max_attempts:
                 job.max_attempts = job.attempts + 1  # an operator's requeue grants the attempt it asks for
+        elif job.state == JobState.PARKED:
+            # The operator takes responsibility: a review or budget park is re-checked when
+            # the body reaches that point again, so requeueing cannot bypass the gate.
+            job.state = JobState.QUEUED
+            job.park_reason = None
+            job.parked_on = {}
         job.scheduled_at = timezone.now()
         job.save()
         record_audit(actor=actor, action="requeue", target_type="job", target_id=job_id, details={"from": previous})

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from koala.redaction import redact_text
 from workers.errors import Rejection
-from workers.models import FailureReason, JobState, Outcome
+from workers.models import FailureReason, JobState, Outcome, ParkReason
+from workers.services import budgets
+from workers.services.budgets import BudgetExhausted, ClaimBlocked
+from workers.services.pauses import LIVE_PAUSE_SQL
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,18 @@ class Lease:
     correlation_id: str
     trace_id: str
     idempotency_key: str | None
+    created_by: str
+    budget_usage_ids: tuple[int, ...] = ()  # usage rows whose run time this attempt adds when it ends
+
+    @property
+    def tenant(self) -> str:
+        value = self.input.get("tenant")
+        return value if isinstance(value, str) else ""
 
 
 _LEASE_COLUMNS = (
     "c.id, a.id, c.kind, c.version, c.queue, c.input, c.run_state, c.progress, c.lease_token, c.attempts, "
-    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key"
+    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key, c.created_by"
 )
 
 # Planner note. Fenced writes and the claim's UPDATE find their row by primary key; their
@@ -71,6 +81,7 @@ WITH picked AS (
     SELECT id FROM workers_job
     WHERE {where} AND {queued} AND scheduled_at <= now()
       AND (deadline_at IS NULL OR deadline_at > now())
+      AND NOT EXISTS (SELECT 1 FROM workers_pause p WHERE {paused})
     ORDER BY priority DESC, scheduled_at, id
     FOR UPDATE SKIP LOCKED
     LIMIT 1
@@ -94,9 +105,12 @@ SELECT """
     + " FROM c JOIN a ON a.job_id = c.id"
 )
 
-_CLAIM_JOB_SQL = _CLAIM_SQL.format(where="id = %(job_id)s", queued=_QUEUED)
+_PAUSED = LIVE_PAUSE_SQL.format(queue="workers_job.queue", kind="workers_job.kind")
+_CLAIM_JOB_SQL = _CLAIM_SQL.format(where="id = %(job_id)s", queued=_QUEUED, paused=_PAUSED)
 _CLAIM_NEXT_SQL = _CLAIM_SQL.format(
-    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s)", queued="state = 'queued'"
+    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
+    queued="state = 'queued'",
+    paused=_PAUSED,
 )
 
 
@@ -112,26 +126,66 @@ def _lease(row: Sequence[Any]) -> Lease:
     return Lease(*values)
 
 
+def _claim(sql: str, params: dict[str, Any]) -> Lease | None:
+    """Claim under the gates: live pauses (in the SQL) and budgets (admit_claim, same transaction).
+
+    Raises ClaimBlocked when a concurrency limit is full (the claim is rolled back and the
+    job stays queued). A job whose budget is out of attempts or run time is parked.
+    """
+    exhausted: BudgetExhausted | None = None
+    lease: Lease | None = None
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            lease = _lease(row)
+            usage_ids = budgets.admit_claim(job_id=lease.job_id, kind=lease.kind, queue=lease.queue, tenant=lease.tenant)
+            lease = replace(lease, budget_usage_ids=tuple(usage_ids))
+    except BudgetExhausted as exc:
+        exhausted = exc
+    if exhausted is not None and lease is not None:
+        park_queued(job_id=lease.job_id, reason=ParkReason.BUDGET, detail=exhausted.detail, parked_on=exhausted.parked_on)
+        return None
+    return lease
+
+
 def claim_job(*, job_id: int, worker: str, lease_seconds: float) -> Lease | None:
-    """Claim one specific job (the one an RQ message named), if it is still queued and due.
+    """Claim one specific job (the one an RQ message named), if it is still queued, due and not paused.
 
     A duplicate delivery finds it running or finished and gets None: a no-op.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds})
-        row = cursor.fetchone()
-    return _lease(row) if row else None
+    try:
+        return _claim(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds})
+    except ClaimBlocked:
+        return None
 
 
-def claim_next(*, queue: str, served: Sequence[str], worker: str, lease_seconds: float) -> Lease | None:
-    """Claim the next due job in ``queue`` among the served "kind@version" pairs."""
+def claim_next(
+    *, queue: str, served: Sequence[str], worker: str, lease_seconds: float, skip_kinds: Sequence[str] = ()
+) -> Lease | None:
+    """Claim the next due job in ``queue`` among the served "kind@version" pairs.
+
+    Raises ClaimBlocked when the picked job's concurrency scope is full; the caller skips
+    that kind (or the whole queue) for the rest of its pass.
+    """
+    return _claim(
+        _CLAIM_NEXT_SQL,
+        {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds, "skip": list(skip_kinds)},
+    )
+
+
+def park_queued(*, job_id: int, reason: str, detail: str, parked_on: dict[str, Any] | None = None) -> bool:
+    """Park a queued job that was never started (a budget refused it at claim time)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _CLAIM_NEXT_SQL,
-            {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds},
+            "UPDATE workers_job SET state = 'parked', park_reason = %s, park_detail = %s, parked_on = %s::jsonb, "
+            "parked_at = now(), updated_at = now() WHERE id = %s AND " + _QUEUED,
+            [reason, redact_text(detail), json.dumps(parked_on or {}), job_id],
         )
-        row = cursor.fetchone()
-    return _lease(row) if row else None
+        return cursor.rowcount == 1
 
 
 def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None) -> Rejection:
@@ -287,6 +341,25 @@ def fail(
         outcome=Outcome.FAILED,
         report=report,
         error_class=error_class,
+        error_message=text,
+    )
+
+
+def park(
+    *, job_id: int, lease_token: int, reason: str, detail: str, parked_on: dict[str, Any] | None = None, report: Report = Report()
+) -> Rejection | None:
+    """Set the job aside (review, needs attention, budget) without using an attempt; no worker waits."""
+    if reason not in ParkReason.values:
+        raise ValueError(f"unknown park reason {reason!r}")
+    text = redact_text(detail)
+    return _settle(
+        job_id=job_id,
+        lease_token=lease_token,
+        job_set="state = 'parked', attempts = attempts - 1, park_reason = %s, park_detail = %s, parked_on = %s::jsonb, "
+        "parked_at = now()",
+        job_params=[reason, text, json.dumps(parked_on or {}, default=str)],
+        outcome=Outcome.PARKED,
+        report=report,
         error_message=text,
     )
 

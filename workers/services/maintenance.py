@@ -12,6 +12,14 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from workers import doorbell
+from workers.services.pauses import LIVE_PAUSE_SQL
+
+# Dispatch does not wake workers for jobs a live pause holds back.
+_NOT_PAUSED = (
+    "NOT EXISTS (SELECT 1 FROM workers_pause p WHERE "
+    + LIVE_PAUSE_SQL.format(queue="workers_job.queue", kind="workers_job.kind")
+    + ")"
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,9 @@ def dispatch(*, depth: int | None = None) -> int:
             FROM (SELECT DISTINCT queue FROM workers_job WHERE state = 'queued' AND scheduled_at <= now()) q
             CROSS JOIN LATERAL (
                 SELECT id, version FROM workers_job
-                WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now()
+                WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now() AND """
+            + _NOT_PAUSED
+            + """
                 ORDER BY priority DESC, scheduled_at, id LIMIT %s
             ) d
             """,
@@ -110,3 +120,28 @@ def dispatch(*, depth: int | None = None) -> int:
     # Aim for one pending message per due job (up to the depth): fewer would leave
     # workers idle, more would only wake them for nothing.
     return sum(doorbell.ring(queue, jobs, depth=len(jobs)) for queue, jobs in by_queue.items())
+
+
+@dataclass(frozen=True)
+class SafetyReport:
+    pauses_lifted: int
+    reviews_expired: int
+    unparked: int
+    breakers_tripped: list[str]
+
+
+def safety_tick() -> SafetyReport:
+    """The safety layer's periodic work: expired pauses lift, undecided reviews end their job,
+    budget-parked jobs resume when their budget has room, and the circuit breaker trips."""
+    from reviews.services import expire_reviews
+    from workers.services import budgets, pauses
+
+    lifted = pauses.lift_expired()
+    if lifted:
+        transaction.on_commit(dispatch)
+    return SafetyReport(
+        pauses_lifted=lifted,
+        reviews_expired=expire_reviews(),
+        unparked=budgets.unpark_ready(),
+        breakers_tripped=[p.target for p in pauses.trip_breakers()],
+    )

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from workers.services.maintenance import dispatch, reap
+from workers.services.maintenance import dispatch, reap, safety_tick
 
 log = logging.getLogger("koala.beat")
 
@@ -17,7 +17,8 @@ log = logging.getLogger("koala.beat")
 class Command(BaseCommand):
     help = (
         "Run the dispatcher and reaper loop: requeue or fail expired leases, fail jobs past their deadline, "
-        "and re-ring RQ for every due job from database state. Any number of replicas may run."
+        "lift expired pauses, expire undecided reviews, unpark jobs whose budget has room, trip the circuit "
+        "breaker, and re-ring RQ for every due job from database state. Any number of replicas may run."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -39,7 +40,16 @@ class Command(BaseCommand):
         while True:
             try:
                 report = reap()
+                safety = safety_tick()
                 rung = dispatch()
+                if safety.pauses_lifted or safety.reviews_expired or safety.unparked or safety.breakers_tripped:
+                    log.info(
+                        "beat: pauses_lifted=%d reviews_expired=%d unparked=%d breakers_tripped=%s",
+                        safety.pauses_lifted,
+                        safety.reviews_expired,
+                        safety.unparked,
+                        ",".join(safety.breakers_tripped) or "-",
+                    )
                 if report.orphaned or report.requeued or report.failed or report.deadline_failed or rung:
                     log.info(
                         "beat: orphaned=%d requeued=%d failed=%d deadline_failed=%d rung=%d",

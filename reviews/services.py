@@ -1,0 +1,238 @@
+"""The review gate: approvals bound to the exact critical action, decided by a second person.
+
+- A job body that reaches a critical operation without a usable approval creates a
+  ReviewRequest (bound to the action's digest) and is parked ``waiting_review``.
+- Approving or rejecting is one conditional UPDATE (``state = 'pending'`` and not expired
+  and not the requester): its row count decides, and the audit row is written in the
+  same transaction.
+- An approval is used once: the UPDATE that marks it ``used`` runs in the transaction
+  that records the operation as in flight. A re-send of that same operation (same key,
+  same digest, e.g. after a 429) is the same action and stays covered; anything else
+  needs a new approval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from koala.audit import record_audit
+from koala.redaction import redact_text
+from reviews.models import ReviewRequest, ReviewState
+from workers import doorbell
+from workers.errors import SafetyError
+from workers.models import FailureReason, Job, JobState, ParkReason
+
+
+def action_digest(binding: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of what an approval is for."""
+    canonical = json.dumps(binding, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def pending_reviews() -> QuerySet[ReviewRequest]:
+    """Oldest first: the order a reviewer should work in."""
+    return ReviewRequest.objects.filter(state=ReviewState.PENDING).select_related("job").order_by("created_at")
+
+
+def decision_blocker(*, review: ReviewRequest, actor: str, approving: bool = True) -> str | None:
+    """Why ``actor`` may not decide this review now (None: they may). The UI shows this text."""
+    if review.state != ReviewState.PENDING:
+        who = f" by {review.decided_by}" if review.decided_by else ""
+        return f"this review is already {review.state}{who}."
+    if review.expires_at <= timezone.now():
+        return "this review has expired; the job ends by policy."
+    if approving and review.requested_by and review.requested_by == actor:
+        return "four-eyes rule: you requested this action (you enqueued the job), so someone else must approve it."
+    return None
+
+
+# -- the gate (called from a job body via ctx.operation, inside its transaction) ----------------
+
+
+def consume_approval(*, job_id: int, operation_key: str, digest: str) -> bool:
+    """Use an approval for exactly this action, if one is usable. Caller holds the transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE reviews_reviewrequest SET state = 'used', used_at = now() "
+            "WHERE job_id = %s AND operation_key = %s AND digest = %s AND state = 'approved' AND expires_at > now() "
+            "RETURNING id",
+            [job_id, operation_key, digest],
+        )
+        if cursor.fetchone():
+            return True
+        # Already used for this very action: a re-send under the same key is the same action.
+        cursor.execute(
+            "SELECT 1 FROM reviews_reviewrequest WHERE job_id = %s AND operation_key = %s AND digest = %s AND state = 'used'",
+            [job_id, operation_key, digest],
+        )
+        return cursor.fetchone() is not None
+
+
+def request_review(
+    *,
+    job_id: int,
+    operation_name: str,
+    operation_key: str,
+    action: str,
+    digest: str,
+    summary: dict[str, Any],
+    amount_minor: int | None,
+    currency: str,
+    target: str,
+    kind_version: str,
+    requested_by: str,
+) -> ReviewRequest:
+    """Ask for an approval of exactly this action (or find the pending one already asking)."""
+    with transaction.atomic():
+        open_reviews = list(
+            ReviewRequest.objects.select_for_update().filter(
+                operation_key=operation_key, state__in=[ReviewState.PENDING, ReviewState.APPROVED]
+            )
+        )
+        for review in open_reviews:
+            if review.digest == digest and review.state == ReviewState.PENDING:
+                return review
+            # The action changed since this was asked (or approved): that decision is not for this action.
+            review.state = ReviewState.SUPERSEDED
+            review.save(update_fields=["state"])
+            record_audit(
+                actor="koala",
+                action="review.superseded",
+                target_type="review",
+                target_id=review.pk,
+                details={"job": job_id, "old_digest": review.digest, "new_digest": digest},
+            )
+        review = ReviewRequest.objects.create(
+            job_id=job_id,
+            operation_name=operation_name,
+            operation_key=operation_key,
+            action=action,
+            digest=digest,
+            summary=summary,
+            amount_minor=amount_minor,
+            currency=currency,
+            target=target,
+            kind_version=kind_version,
+            requested_by=requested_by,
+            expires_at=timezone.now() + timedelta(seconds=float(settings.KOALA_REVIEW_TTL_SECONDS)),
+        )
+        record_audit(
+            actor="koala",
+            action="review.requested",
+            target_type="review",
+            target_id=review.pk,
+            details={"job": job_id, "action": action, "digest": digest, "amount_minor": amount_minor, "target": target},
+        )
+    return review
+
+
+# -- decisions (people) --------------------------------------------------------------------------
+
+
+def _get(review_id: int) -> ReviewRequest:
+    review = ReviewRequest.objects.filter(pk=review_id).first()
+    if review is None:
+        raise SafetyError(f"review {review_id} does not exist.")
+    return review
+
+
+def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRequest:
+    """Approve a pending review (not one's own); the parked job is queued and re-runs."""
+    if not actor:
+        raise SafetyError("an approval needs the approver's name.")
+    now = timezone.now()
+    with transaction.atomic():
+        # The conditional UPDATE decides; concurrent approvals or an expiry cannot both win.
+        updated = (
+            ReviewRequest.objects.filter(pk=review_id, state=ReviewState.PENDING, expires_at__gt=now)
+            .exclude(requested_by=actor)
+            .update(
+                state=ReviewState.APPROVED,
+                decided_by=actor,
+                decided_at=now,
+                comment=redact_text(comment, limit=1000),
+                expires_at=now + timedelta(seconds=float(settings.KOALA_APPROVAL_TTL_SECONDS)),
+            )
+        )
+        review = _get(review_id)
+        if not updated:
+            raise SafetyError(decision_blocker(review=review, actor=actor) or f"review {review_id} cannot be approved now.")
+        requeued = Job.objects.filter(pk=review.job_id, state=JobState.PARKED, park_reason=ParkReason.WAITING_REVIEW).update(
+            state=JobState.QUEUED, park_reason=None, park_detail="", parked_on={}, parked_at=None, scheduled_at=now
+        )
+        record_audit(
+            actor=actor,
+            action="review.approve",
+            target_type="review",
+            target_id=review_id,
+            details={"job": review.job_id, "digest": review.digest, "comment": review.comment, "requeued": bool(requeued)},
+        )
+        if requeued:
+            job = Job.objects.only("queue", "version").get(pk=review.job_id)
+            transaction.on_commit(lambda: doorbell.ring(job.queue, [(job.pk, job.version)]))
+    return review
+
+
+def reject_review(*, review_id: int, actor: str, comment: str) -> ReviewRequest:
+    """Reject a pending review: the job ends failed (review_rejected) and nothing is sent."""
+    if not actor:
+        raise SafetyError("a rejection needs the reviewer's name.")
+    if not comment or not comment.strip():
+        raise SafetyError("a rejection needs a comment saying why.")
+    now = timezone.now()
+    text = redact_text(comment.strip(), limit=1000)
+    with transaction.atomic():
+        updated = ReviewRequest.objects.filter(pk=review_id, state=ReviewState.PENDING, expires_at__gt=now).update(
+            state=ReviewState.REJECTED, decided_by=actor, decided_at=now, comment=text
+        )
+        review = _get(review_id)
+        if not updated:
+            raise SafetyError(
+                decision_blocker(review=review, actor=actor, approving=False) or f"review {review_id} cannot be rejected now."
+            )
+        _fail_parked(review, reason=FailureReason.REVIEW_REJECTED, message=f"review {review_id} rejected by {actor}: {text}")
+        record_audit(
+            actor=actor,
+            action="review.reject",
+            target_type="review",
+            target_id=review_id,
+            details={"job": review.job_id, "digest": review.digest, "comment": text},
+        )
+    return review
+
+
+def _fail_parked(review: ReviewRequest, *, reason: str, message: str) -> None:
+    Job.objects.filter(pk=review.job_id, state=JobState.PARKED, park_reason=ParkReason.WAITING_REVIEW).update(
+        state=JobState.FAILED,
+        failure_reason=reason,
+        park_reason=None,
+        error_class="ReviewRejected" if reason == FailureReason.REVIEW_REJECTED else "ReviewExpired",
+        error_message=redact_text(message),
+        finished_at=timezone.now(),
+    )
+
+
+def expire_reviews() -> int:
+    """Pending reviews past their time end their job (review_expired); unused approvals lapse."""
+    now = timezone.now()
+    count = 0
+    with transaction.atomic():
+        for review in ReviewRequest.objects.select_for_update(skip_locked=True).filter(
+            state__in=[ReviewState.PENDING, ReviewState.APPROVED], expires_at__lte=now
+        ):
+            was = review.state
+            review.state = ReviewState.EXPIRED
+            review.save(update_fields=["state"])
+            if was == ReviewState.PENDING:
+                _fail_parked(review, reason=FailureReason.REVIEW_EXPIRED, message=f"review {review.pk} expired undecided")
+            record_audit(actor="koala", action="review.expired", target_type="review", target_id=review.pk, details={"was": was})
+            count += 1
+    return count

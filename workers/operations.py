@@ -1,0 +1,448 @@
+"""The operations ledger: each outbound side effect is a row committed *before* the call.
+
+    data = ctx.operation("charge", kind="charge", params={...},
+                         perform=lambda key: client.charge(..., idempotency_key=key),
+                         reconcile=lambda key: client.lookup(key))
+
+The row's key is stable across retries of the step and goes to the provider as its
+idempotency key. What a re-run finds decides what happens:
+
+- ``succeeded`` / ``reconciled``: the stored result is returned; nothing is sent.
+- ``in_flight`` / ``uncertain`` (a crash or a timeout left the outcome open): the
+  kind's ``reconcile(key)`` looks it up at the provider. Found: settled as
+  ``reconciled``. Proven absent: re-sent with the same key. Cannot tell: the job is
+  parked *needs attention* for a person; nothing is re-sent.
+- ``failed`` (it definitely did not happen): re-sent with the same key.
+
+Every write names the attempt's fencing token, so a stale attempt cannot record an
+operation. Budget reservations and review approvals are taken in the same transaction
+that marks the row ``in_flight``, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+
+from koala.redaction import redact_data, redact_text, sensitive_values
+from reviews import services as reviews
+from workers.errors import (
+    Declined,
+    NotPerformed,
+    OperationMismatch,
+    OutcomeUnknown,
+    Park,
+    Retryable,
+    StaleAttempt,
+    TerminalFailure,
+)
+from workers.models import Budget, Operation, OperationState, ParkReason, Resolution
+from workers.services import budgets, leases
+from workers.services.budgets import BudgetExhausted
+
+if TYPE_CHECKING:
+    from workers.runtime import JobContext
+
+log = logging.getLogger("koala.operations")
+
+
+@dataclass(frozen=True)
+class OperationResult:
+    """What a perform() or a successful reconcile() returns."""
+
+    external_id: str = ""
+    data: dict[str, Any] = field(default_factory=dict)  # handed to the body (stored redacted for re-runs)
+    cost_minor: int | None = None  # actual cost; None = price ``usage`` from ModelPrice, else the estimate
+    usage: dict[str, Any] | None = None  # e.g. {"model": "m", "input_tokens": 10, "output_tokens": 5}
+    summary: dict[str, Any] | None = None  # what to keep of the provider's answer (default: data), redacted
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()  # reconcile(): the provider has no record of this key; it is safe to re-send
+
+Perform = Callable[[str], OperationResult]
+Reconcile = Callable[[str], "OperationResult | _Absent | None"]
+
+
+def fingerprint(params: dict[str, Any]) -> str:
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# An attempt may write only while it holds the job's live lease.
+_FENCE = (
+    "EXISTS (SELECT 1 FROM workers_job j WHERE j.id = %(job)s AND j.lease_token = %(token)s "
+    "AND j.state IS NOT DISTINCT FROM 'running' AND j.lease_expires_at > now())"
+)
+
+
+class _NeedsReview(Exception):
+    """No usable approval: roll the send transaction back, then ask for one."""
+
+
+class _Ledger:
+    """One call of ctx.operation: the state machine above, for one step of one attempt."""
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        name: str,
+        *,
+        kind: str,
+        params: dict[str, Any],
+        perform: Perform,
+        reconcile: Reconcile | None,
+        key: str | None,
+        estimate_minor: int,
+        amount_minor: int | None,
+        currency: str,
+        target: str,
+        tenant: str | None,
+    ) -> None:
+        if not name:
+            raise ValueError("an operation needs a name")
+        if estimate_minor < 0:
+            raise ValueError("estimate_minor cannot be negative")
+        self.ctx = ctx
+        self.name = name
+        self.kind = kind
+        self.params = params
+        self.perform = perform
+        self.reconcile = reconcile
+        self.key = key or f"{ctx.idempotency_key}:{name}"
+        self.fingerprint = fingerprint(params)
+        self.estimate = estimate_minor
+        self.amount = amount_minor
+        self.currency = currency
+        self.target = target
+        self.tenant = tenant if tenant is not None else ctx.lease.tenant
+        self.secrets = sensitive_values(ctx.lease.input, sensitive=ctx.kind.sensitive_fields) + sensitive_values(
+            params, sensitive=ctx.kind.sensitive_fields
+        )
+        self.fence = {"job": ctx.job_id, "token": ctx.lease.lease_token}
+
+    # -- helpers --------------------------------------------------------------------------
+    def _redact(self, data: Any) -> Any:
+        return redact_data(data, sensitive=self.ctx.kind.sensitive_fields, secrets=self.secrets)
+
+    def _text(self, text: str) -> str:
+        return redact_text(text, secrets=self.secrets)
+
+    def _stale(self) -> StaleAttempt:
+        rejection = leases.rejection_for(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token)
+        self.ctx.reject(rejection)
+        return StaleAttempt(rejection)
+
+    def _load(self) -> Operation | None:
+        return Operation.objects.filter(key=self.key).first()
+
+    def _update(self, op_id: int, sets: str, values: dict[str, Any], *, own: bool = True) -> None:
+        """A fenced UPDATE of the operation row; zero rows means this attempt is stale."""
+        own_sql = " AND lease_token = %(token)s" if own else ""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE workers_operation SET {sets}, updated_at = now() WHERE id = %(op)s{own_sql} AND {_FENCE}",
+                {**values, **self.fence, "op": op_id},
+            )
+            if cursor.rowcount != 1:
+                raise self._stale()
+
+    # -- the state machine ------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        op = self._load()
+        if op is not None:
+            if op.fingerprint != self.fingerprint:
+                raise OperationMismatch(
+                    f"operation key {self.key!r} was already used for {op.kind} with other parameters; "
+                    "refusing to send a different request under it"
+                )
+            if op.is_done:
+                return dict(op.result or {})
+            if op.state in (OperationState.IN_FLIGHT, OperationState.UNCERTAIN):
+                settled = self._reconcile(op)
+                if settled is not None:
+                    return settled
+                op.refresh_from_db()
+        return self._send(op)
+
+    def _reconcile(self, op: Operation) -> dict[str, Any] | None:
+        """Settle an open outcome by asking the provider. Returns the result if it happened."""
+        answer: OperationResult | _Absent | None = None
+        if self.reconcile is not None:
+            try:
+                answer = self.reconcile(self.key)
+            except Exception as exc:  # the lookup itself failed: we still cannot tell
+                log.warning("operation %s: reconcile failed: %s", op.pk, type(exc).__name__)
+                answer = None
+        if isinstance(answer, OperationResult):
+            return self._settle_success(op, answer, state=OperationState.RECONCILED, resolution=Resolution.FOUND, own=False)
+        if answer is ABSENT:
+            # Proven absent: the call never took effect. Release what it held; _send re-sends.
+            with transaction.atomic():
+                self._update(
+                    op.pk,
+                    "state = 'failed', resolution = 'absent', reservations = '[]'::jsonb, "
+                    "error_message = 'reconciled: the provider has no record of this key; re-sending'",
+                    {},
+                    own=False,
+                )
+                budgets.release(reservations=op.reservations, refund_request=True)
+            return None
+        # Neither found nor proven absent: a person must decide. Nothing is re-sent.
+        self._update(
+            op.pk,
+            "state = 'uncertain', error_message = %(msg)s",
+            {"msg": "could not reconcile: the provider cannot confirm or deny this key; needs attention"},
+            own=False,
+        )
+        raise Park(
+            ParkReason.NEEDS_ATTENTION,
+            f"operation {op.name!r} ({op.kind}, key {self.key}) has an unknown outcome and could not be reconciled; "
+            "resolve it as happened or did not happen",
+            {"operation_id": op.pk},
+        )
+
+    def _budget_binding(self) -> list[dict[str, Any]]:
+        rows = Budget.objects.raw(
+            "SELECT b.* FROM workers_budget b WHERE "
+            "(b.scope = 'global' OR (b.scope = 'queue' AND b.target = %s) OR (b.scope = 'kind' AND b.target = %s)) "
+            "AND (b.tenant = '' OR b.tenant = %s) ORDER BY b.id",
+            [self.ctx.lease.queue, self.ctx.lease.kind, self.tenant],
+        )
+        return [
+            {"name": b.name, "spend_limit_minor": b.spend_limit_minor, "request_limit": b.request_limit, "currency": b.currency}
+            for b in rows
+        ]
+
+    def _binding(self) -> tuple[str, list[dict[str, Any]]] | None:
+        """For a critical operation: the digest an approval must match, and the budget limits in it."""
+        kind = self.ctx.kind
+        if not kind.is_critical(self.name, self.params, self.amount):
+            return None
+        budget_limits = self._budget_binding()
+        binding = {
+            "action": self.kind,
+            "operation": self.name,
+            "key": self.key,
+            "fingerprint": self.fingerprint,
+            "amount_minor": self.amount,
+            "currency": self.currency,
+            "target": self.target,
+            "kind": kind.key,
+            "budgets": budget_limits,
+        }
+        return reviews.action_digest(binding), budget_limits
+
+    def _request_review(self, digest: str, budget_limits: list[dict[str, Any]]) -> Park:
+        snapshot = []
+        for limits in budget_limits:
+            budget = Budget.objects.get(name=limits["name"])
+            usage = budgets.usage_for(budget=budget)
+            snapshot.append({**limits, "spent_minor_today": usage.spent_minor, "reserved_minor": usage.reserved_minor})
+        summary = {
+            "action": self.kind,
+            "operation": self.name,
+            "params": self._redact(self.params),
+            "amount_minor": self.amount,
+            "currency": self.currency,
+            "target": self._text(self.target),
+            "kind": self.ctx.kind.key,
+            "budgets": snapshot,
+        }
+        review = reviews.request_review(
+            job_id=self.ctx.job_id,
+            operation_name=self.name,
+            operation_key=self.key,
+            action=self.kind,
+            digest=digest,
+            summary=summary,
+            amount_minor=self.amount,
+            currency=self.currency,
+            target=self._text(self.target),
+            kind_version=self.ctx.kind.key,
+            requested_by=self.ctx.created_by,
+        )
+        return Park(
+            ParkReason.WAITING_REVIEW,
+            f"critical {self.kind} {self.name!r} waits for review {review.pk}",
+            {"review_id": review.pk},
+        )
+
+    def _send(self, op: Operation | None) -> dict[str, Any]:
+        gate = self._binding()
+        # Everything that must agree is one transaction: the approval is used, the budget is
+        # reserved and the row says in_flight, or none of it happened.
+        try:
+            with transaction.atomic():
+                if gate is not None and not reviews.consume_approval(
+                    job_id=self.ctx.job_id, operation_key=self.key, digest=gate[0]
+                ):
+                    raise _NeedsReview
+                reservations = budgets.reserve(
+                    kind=self.ctx.lease.kind, queue=self.ctx.lease.queue, tenant=self.tenant, estimate_minor=self.estimate
+                )
+                op_id = self._mark_in_flight(op, reservations)
+        except _NeedsReview:
+            assert gate is not None
+            raise self._request_review(*gate) from None
+        except BudgetExhausted as exc:
+            self._on_exhausted(exc)
+            raise Park(ParkReason.BUDGET, exc.detail, exc.parked_on) from None
+        return self._call(op_id, reservations)
+
+    def _on_exhausted(self, exc: BudgetExhausted) -> None:
+        budget = Budget.objects.filter(pk=exc.budget_id).first()
+        if budget is None or not budget.pause_on_exhaust:
+            return
+        from workers.errors import SafetyError
+        from workers.services import pauses
+
+        try:
+            pauses.pause(
+                scope=budget.scope,
+                target=budget.target,
+                mode="drain",
+                source="budget",
+                actor="budget",
+                reason=f"budget {budget.name!r} exhausted: {exc.detail}",
+            )
+        except SafetyError:
+            pass  # already paused
+
+    def _mark_in_flight(self, op: Operation | None, reservations: list[list[int]]) -> int:
+        values = {
+            **self.fence,
+            "attempt": self.ctx.attempt_id,
+            "name": self.name,
+            "key": self.key,
+            "kind": self.kind,
+            "fp": self.fingerprint,
+            "params": json.dumps(self._redact(self.params), default=str),
+            "amount": self.amount,
+            "target": self.target,
+            "est": self.estimate,
+            "res": json.dumps(reservations),
+        }
+        with connection.cursor() as cursor:
+            if op is None:
+                cursor.execute(
+                    f"""
+                    INSERT INTO workers_operation
+                        (job_id, attempt_id, lease_token, name, key, kind, fingerprint, params, state, resolution,
+                         external_id, response, result, amount_minor, target, estimate_minor, cost_minor, usage,
+                         reservations, error_message, attempts, created_at, updated_at, settled_at)
+                    SELECT %(job)s, %(attempt)s, %(token)s, %(name)s, %(key)s, %(kind)s, %(fp)s, %(params)s::jsonb,
+                           'in_flight', '', '', '{{}}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{{}}',
+                           %(res)s::jsonb, '', 1, now(), now(), NULL
+                    WHERE {_FENCE}
+                    ON CONFLICT (key) DO NOTHING
+                    RETURNING id
+                    """,
+                    values,
+                )
+                row = cursor.fetchone()
+                if row is None:
+                    if self._load() is not None:
+                        # Another attempt of the same key got there first (a duplicate job with the
+                        # same operation key): never send twice; let the retry find its row.
+                        raise Retryable("operation row written concurrently; retrying to reconcile", retry_after=1)
+                    raise self._stale()
+                return int(row[0])
+            cursor.execute(
+                f"""
+                UPDATE workers_operation
+                SET state = 'in_flight', attempt_id = %(attempt)s, lease_token = %(token)s, reservations = %(res)s::jsonb,
+                    estimate_minor = %(est)s, attempts = attempts + 1, error_message = '', updated_at = now()
+                WHERE id = %(op)s AND state = 'failed' AND {_FENCE}
+                """,
+                {**values, "op": op.pk},
+            )
+            if cursor.rowcount != 1:
+                raise self._stale()
+            return op.pk
+
+    def _call(self, op_id: int, reservations: list[list[int]]) -> dict[str, Any]:
+        try:
+            outcome = self.perform(self.key)
+        except NotPerformed as exc:
+            self._settle_not_done(op_id, reservations, f"not performed: {exc}")
+            raise Retryable(self._text(f"{self.kind} {self.name}: {exc}"), retry_after=exc.retry_after) from None
+        except Declined as exc:
+            self._settle_not_done(op_id, reservations, f"declined: {exc}")
+            raise TerminalFailure(self._text(f"{self.kind} {self.name} declined: {exc}"), code="declined") from None
+        except OutcomeUnknown as exc:
+            self._mark_uncertain(op_id, f"outcome unknown: {exc}")
+            raise Retryable(self._text(f"{self.kind} {self.name}: outcome unknown ({exc}); will reconcile")) from None
+        except Exception as exc:
+            # An unclassified error after the request may have left: treat the outcome as unknown.
+            self._mark_uncertain(op_id, f"{type(exc).__name__}: {exc}")
+            raise
+        if not isinstance(outcome, OperationResult):
+            raise TypeError(f"perform() for {self.name!r} must return an OperationResult, not {type(outcome).__name__}")
+        op = Operation.objects.get(pk=op_id)
+        return self._settle_success(op, outcome, state=OperationState.SUCCEEDED, resolution=Resolution.NONE, own=True)
+
+    def _settle_success(
+        self, op: Operation, outcome: OperationResult, *, state: str, resolution: str, own: bool
+    ) -> dict[str, Any]:
+        cost = outcome.cost_minor
+        if cost is None:
+            cost = budgets.price_usage(outcome.usage)
+        if cost is None:
+            cost = op.estimate_minor
+        result = self._redact(outcome.data)
+        summary = self._redact(outcome.summary if outcome.summary is not None else outcome.data)
+        with transaction.atomic():
+            self._update(
+                op.pk,
+                "state = %(state)s, resolution = %(resolution)s, external_id = %(ext)s, response = %(resp)s::jsonb, "
+                "result = %(result)s::jsonb, cost_minor = %(cost)s, usage = %(usage)s::jsonb, reservations = '[]'::jsonb, "
+                "error_message = '', settled_at = now()",
+                {
+                    "state": state,
+                    "resolution": resolution,
+                    "ext": str(outcome.external_id)[:200],
+                    "resp": json.dumps(summary, default=str),
+                    "result": json.dumps(result, default=str),
+                    "cost": cost,
+                    "usage": json.dumps(self._redact(outcome.usage or {}), default=str),
+                },
+                own=own,
+            )
+            budgets.settle(reservations=op.reservations, actual_minor=cost)
+        if outcome.usage:
+            numeric = {k: v for k, v in outcome.usage.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            self.ctx.add_usage(**numeric)
+        self.ctx.add_usage(cost_minor=cost)
+        # The body gets what a re-run would get: the stored (redacted) result.
+        return dict(result)
+
+    def _settle_not_done(self, op_id: int, reservations: list[list[int]], message: str) -> None:
+        with transaction.atomic():
+            self._update(
+                op_id,
+                "state = 'failed', reservations = '[]'::jsonb, error_message = %(msg)s, settled_at = now()",
+                {"msg": self._text(message)},
+            )
+            budgets.release(reservations=reservations, refund_request=False)
+
+    def _mark_uncertain(self, op_id: int, message: str) -> None:
+        # The reservation stays held: if the call did happen its cost is real.
+        try:
+            self._update(op_id, "state = 'uncertain', error_message = %(msg)s", {"msg": self._text(message)})
+        except StaleAttempt:
+            pass  # a newer attempt owns the job; it will reconcile this row
+
+
+def run_operation(ctx: JobContext, name: str, **options: Any) -> dict[str, Any]:
+    return _Ledger(ctx, name, **options).run()

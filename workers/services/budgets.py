@@ -1,0 +1,450 @@
+"""Budgets: limits per scope and period, enforced where work is claimed and where money is spent.
+
+- Spend and requests are *reserved* before an outbound call with one conditional UPDATE
+  over every budget that applies; the row count decides. Concurrent workers can never
+  overshoot, because each reservation re-checks the row it locks.
+- Concurrency is checked at claim time under a lock on the budget row, counting running
+  jobs from the job table itself (a crashed worker cannot leak a counter).
+- Attempts and run time are counted per period for budgets that limit them.
+- An exhausted budget parks the job with a visible reason; the beat unparks it when the
+  period rolls over or a limit is raised.
+"""
+
+from __future__ import annotations
+
+import math
+import zoneinfo
+from collections.abc import Iterable, Sequence
+from datetime import date
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from koala.audit import record_audit
+from workers import doorbell
+from workers.errors import SafetyError
+from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Scope
+
+LIMIT_FIELDS = ("spend_limit_minor", "request_limit", "concurrency_limit", "run_seconds_limit", "attempt_limit")
+
+# The WHERE clause that says "budget b applies to a job of this kind, queue and tenant".
+_APPLIES = (
+    "(b.scope = 'global' OR (b.scope = 'queue' AND b.target = %(queue)s) OR (b.scope = 'kind' AND b.target = %(kind)s))"
+    " AND (b.tenant = '' OR b.tenant = %(tenant)s)"
+)
+_PERIOD = "(now() AT TIME ZONE b.timezone)::date"
+
+
+class BudgetExhausted(Exception):
+    """A reservation or claim found a budget without room. Carries what unparks the job."""
+
+    def __init__(self, *, budget_id: int, name: str, limit: str, need: int, period: date, detail: str) -> None:
+        super().__init__(detail)
+        self.budget_id = budget_id
+        self.name = name
+        self.limit = limit
+        self.need = need
+        self.period = period
+        self.detail = detail
+
+    @property
+    def parked_on(self) -> dict[str, Any]:
+        return {"budget_id": self.budget_id, "limit": self.limit, "need": self.need, "period": self.period.isoformat()}
+
+
+class ClaimBlocked(Exception):
+    """A concurrency limit is full: leave the job queued and skip this scope for now."""
+
+    def __init__(self, *, scope: str, target: str, name: str) -> None:
+        super().__init__(f"budget {name}: concurrency limit reached")
+        self.scope = scope
+        self.target = target
+        self.name = name
+
+
+# -- administration (people) -------------------------------------------------------------------
+
+
+def _check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
+    clean: dict[str, int | None] = {}
+    for name, value in limits.items():
+        if name not in LIMIT_FIELDS:
+            raise SafetyError(f"unknown budget limit {name!r}; limits are: {', '.join(LIMIT_FIELDS)}.")
+        if value is None or value == "":
+            clean[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.")
+        try:
+            number = int(value)
+        except ValueError:
+            raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.") from None
+        if number < 0:
+            raise SafetyError(f"{name} cannot be negative (got {number}).")
+        clean[name] = number
+    return clean
+
+
+def _check_scope(scope: str, target: str) -> None:
+    if scope not in Scope.values:
+        raise SafetyError(f"unknown scope {scope!r}; use one of: {', '.join(Scope.values)}.")
+    if scope == Scope.GLOBAL and target:
+        raise SafetyError("a global scope takes no target.")
+    if scope != Scope.GLOBAL and not target:
+        raise SafetyError(f"a {scope} scope needs a target ({scope} name).")
+
+
+def create_budget(
+    *,
+    name: str,
+    scope: str,
+    actor: str,
+    target: str = "",
+    tenant: str = "",
+    timezone: str = "UTC",
+    currency: str = "EUR",
+    pause_on_exhaust: bool = False,
+    **limits: Any,
+) -> Budget:
+    """Create a budget. Limits are whole numbers (money in minor units); None means no limit."""
+    if not name.strip():
+        raise SafetyError("a budget needs a name.")
+    _check_scope(scope, target)
+    zone = timezone
+    try:
+        zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise SafetyError(f"unknown time zone {zone!r} (use an IANA name such as Europe/Paris).") from None
+    if len(currency) != 3 or not currency.isalpha():
+        raise SafetyError(f"currency must be a 3-letter code, not {currency!r}.")
+    clean = _check_limits(limits)
+    with transaction.atomic():
+        if Budget.objects.filter(name=name).exists():
+            raise SafetyError(f"a budget named {name!r} already exists.")
+        budget = Budget.objects.create(
+            name=name,
+            scope=scope,
+            target=target,
+            tenant=tenant,
+            timezone=zone,
+            currency=currency.upper(),
+            pause_on_exhaust=pause_on_exhaust,
+            created_by=actor,
+            **clean,
+        )
+        record_audit(
+            actor=actor,
+            action="budget.create",
+            target_type="budget",
+            target_id=budget.pk,
+            details={"name": name, "scope": scope, "target": target, "tenant": tenant, **clean},
+        )
+    return budget
+
+
+def update_budget(*, budget_id: int, actor: str, pause_on_exhaust: bool | None = None, **limits: Any) -> Budget:
+    """Change limits. Raising a limit lets the beat unpark the jobs it held."""
+    clean = _check_limits(limits)
+    with transaction.atomic():
+        try:
+            budget = Budget.objects.select_for_update().get(pk=budget_id)
+        except Budget.DoesNotExist:
+            raise SafetyError(f"budget {budget_id} does not exist.") from None
+        before = {name: getattr(budget, name) for name in clean}
+        for name, value in clean.items():
+            setattr(budget, name, value)
+        if pause_on_exhaust is not None:
+            budget.pause_on_exhaust = pause_on_exhaust
+        budget.save()
+        record_audit(
+            actor=actor,
+            action="budget.update",
+            target_type="budget",
+            target_id=budget.pk,
+            details={"before": before, "after": clean, "pause_on_exhaust": budget.pause_on_exhaust},
+        )
+    return budget
+
+
+def period_for(budget: Budget, *, at: Any = None) -> date:
+    moment = at or timezone.now()
+    return moment.astimezone(zoneinfo.ZoneInfo(budget.timezone)).date()
+
+
+def usage_for(*, budget: Budget, on: date | None = None) -> BudgetUsage:
+    """The usage row of a period (today in the budget's zone by default); unsaved zeros if none yet."""
+    period = on or period_for(budget)
+    found = BudgetUsage.objects.filter(budget=budget, period=period).first()
+    return found or BudgetUsage(budget=budget, period=period)
+
+
+def set_model_price(*, model: str, input_minor_per_mtok: int, output_minor_per_mtok: int, actor: str) -> ModelPrice:
+    if not model.strip():
+        raise SafetyError("a price needs a model name.")
+    prices = _check_limits({"spend_limit_minor": input_minor_per_mtok, "request_limit": output_minor_per_mtok})
+    with transaction.atomic():
+        price, created = ModelPrice.objects.update_or_create(
+            model=model,
+            defaults={
+                "input_minor_per_mtok": prices["spend_limit_minor"] or 0,
+                "output_minor_per_mtok": prices["request_limit"] or 0,
+                "updated_by": actor,
+            },
+        )
+        record_audit(
+            actor=actor,
+            action="price.set",
+            target_type="model_price",
+            target_id=model,
+            details={"input": price.input_minor_per_mtok, "output": price.output_minor_per_mtok, "created": created},
+        )
+    return price
+
+
+def price_usage(usage: dict[str, Any] | None) -> int | None:
+    """Cost in minor units of ``{"model", "input_tokens", "output_tokens"}``, rounded up;
+    None when the model has no price (the caller then keeps its estimate)."""
+    if not usage or "model" not in usage:
+        return None
+    price = ModelPrice.objects.filter(model=str(usage["model"])).first()
+    if price is None:
+        return None
+    tokens_in = int(usage.get("input_tokens") or 0)
+    tokens_out = int(usage.get("output_tokens") or 0)
+    return math.ceil((tokens_in * price.input_minor_per_mtok + tokens_out * price.output_minor_per_mtok) / 1_000_000)
+
+
+# -- enforcement (the machine loop) -------------------------------------------------------------
+
+
+def _params(kind: str, queue: str, tenant: str) -> dict[str, Any]:
+    return {"kind": kind, "queue": queue, "tenant": tenant or ""}
+
+
+def _ensure_usage(cursor: Any, where: str, params: dict[str, Any]) -> list[tuple[int, str, date]]:
+    """Create this period's usage rows for the applicable budgets; returns (budget id, name, period)."""
+    cursor.execute(
+        f"""
+        WITH b AS (SELECT b.id, b.name, {_PERIOD} AS period FROM workers_budget b WHERE {where}),
+        ins AS (
+            INSERT INTO workers_budgetusage
+                (budget_id, period, spent_minor, reserved_minor, requests, attempts, run_seconds, updated_at)
+            SELECT id, period, 0, 0, 0, 0, 0, now() FROM b
+            ON CONFLICT (budget_id, period) DO NOTHING
+        )
+        SELECT id, name, period FROM b ORDER BY id
+        """,
+        params,
+    )
+    return list(cursor.fetchall())
+
+
+def reserve(*, kind: str, queue: str, tenant: str, estimate_minor: int) -> list[list[int]]:
+    """Reserve ``estimate_minor`` and one request on every applicable budget, or none.
+
+    Call inside the transaction that records the operation as in flight. Returns the
+    reservations ``[[usage_id, minor], …]`` to settle or release later; raises
+    BudgetExhausted (the caller's transaction then rolls back, reserving nothing).
+    """
+    params = {**_params(kind, queue, tenant), "est": estimate_minor}
+    with connection.cursor() as cursor:
+        applicable = _ensure_usage(cursor, _APPLIES, params)
+        if not applicable:
+            return []
+        # The conditional UPDATE is the decision: PostgreSQL re-checks each row's condition
+        # after taking its lock, so two workers racing for the last unit cannot both pass.
+        cursor.execute(
+            f"""
+            UPDATE workers_budgetusage u
+            SET reserved_minor = u.reserved_minor + %(est)s, requests = u.requests + 1, updated_at = now()
+            FROM workers_budget b
+            WHERE u.budget_id = b.id AND u.period = {_PERIOD} AND {_APPLIES}
+              AND (b.spend_limit_minor IS NULL OR u.spent_minor + u.reserved_minor + %(est)s <= b.spend_limit_minor)
+              AND (b.request_limit IS NULL OR u.requests + 1 <= b.request_limit)
+            RETURNING u.id, u.budget_id
+            """,
+            params,
+        )
+        granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
+        for budget_id, name, period in applicable:
+            if budget_id not in granted:
+                raise _exhausted(budget_id=budget_id, name=name, period=period, need=estimate_minor)
+    return [[usage_id, estimate_minor] for usage_id in granted.values()]
+
+
+def _exhausted(*, budget_id: int, name: str, period: date, need: int) -> BudgetExhausted:
+    budget = Budget.objects.get(pk=budget_id)
+    usage = usage_for(budget=budget, on=period)
+    if budget.request_limit is not None and usage.requests + 1 > budget.request_limit:
+        limit, detail = "requests", f"request limit {budget.request_limit} reached"
+    else:
+        limit = "spend"
+        detail = (
+            f"spend limit {budget.spend_limit_minor} {budget.currency} (minor units) would be exceeded: "
+            f"{usage.spent_minor} spent + {usage.reserved_minor} reserved + {need} needed"
+        )
+    return BudgetExhausted(
+        budget_id=budget_id, name=name, limit=limit, need=need, period=period, detail=f"budget {name!r} for {period}: {detail}"
+    )
+
+
+def settle(*, reservations: Sequence[Sequence[int]], actual_minor: int) -> None:
+    """Turn reservations into spend (the actual cost, which may differ from the estimate)."""
+    with connection.cursor() as cursor:
+        for usage_id, reserved in reservations:
+            cursor.execute(
+                "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
+                "spent_minor = spent_minor + %s, updated_at = now() WHERE id = %s",
+                [reserved, actual_minor, usage_id],
+            )
+
+
+def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = False) -> None:
+    """Give reservations back: the call did not happen."""
+    with connection.cursor() as cursor:
+        for usage_id, reserved in reservations:
+            cursor.execute(
+                "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
+                "requests = GREATEST(requests - %s, 0), updated_at = now() WHERE id = %s",
+                [reserved, 1 if refund_request else 0, usage_id],
+            )
+
+
+def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]:
+    """Run inside the claim's transaction, after the job row was claimed.
+
+    Raises ClaimBlocked (concurrency full: roll back, leave the job queued) or
+    BudgetExhausted (attempts or run time spent: roll back, park the job). Returns the
+    usage ids whose run time this attempt must add when it ends.
+    """
+    params = _params(kind, queue, tenant)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT b.id, b.name, b.scope, b.target, b.tenant, b.concurrency_limit, "
+            f"b.attempt_limit IS NOT NULL OR b.run_seconds_limit IS NOT NULL "
+            f"FROM workers_budget b WHERE {_APPLIES} ORDER BY b.id",
+            params,
+        )
+        budgets = cursor.fetchall()
+        if not budgets:
+            return []
+        limited = [row for row in budgets if row[5] is not None]
+        if limited:
+            # Claims in one concurrency scope take turns on the budget row, so each counts the
+            # running jobs with every earlier claim already committed: no two can both see room.
+            cursor.execute(
+                "SELECT id FROM workers_budget WHERE id = ANY(%s) ORDER BY id FOR UPDATE", [[row[0] for row in limited]]
+            )
+            for _budget_id, name, scope, target, budget_tenant, limit, _ in limited:
+                scope_sql = {"global": "TRUE", "queue": "queue = %(target)s", "kind": "kind = %(target)s"}[scope]
+                tenant_sql = "AND input->>'tenant' = %(tenant)s" if budget_tenant else ""
+                cursor.execute(
+                    f"SELECT count(*) FROM workers_job WHERE state = 'running' AND {scope_sql} {tenant_sql}",
+                    {"target": target, "tenant": budget_tenant},
+                )
+                (running,) = cursor.fetchone()
+                if running > limit:  # the count includes the job this claim just took
+                    raise ClaimBlocked(scope=scope, target=target, name=name)
+        counted = [row[0] for row in budgets if row[6]]
+        if not counted:
+            return []
+        ids_where = "b.id = ANY(%(ids)s)"
+        applicable = _ensure_usage(cursor, ids_where, {"ids": counted})
+        cursor.execute(
+            f"""
+            UPDATE workers_budgetusage u SET attempts = u.attempts + 1, updated_at = now()
+            FROM workers_budget b
+            WHERE u.budget_id = b.id AND u.period = {_PERIOD} AND {ids_where}
+              AND (b.attempt_limit IS NULL OR u.attempts < b.attempt_limit)
+              AND (b.run_seconds_limit IS NULL OR u.run_seconds < b.run_seconds_limit)
+            RETURNING u.id, u.budget_id
+            """,
+            {"ids": counted},
+        )
+        granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
+        for budget_id, name, period in applicable:
+            if budget_id not in granted:
+                budget = Budget.objects.get(pk=budget_id)
+                usage = usage_for(budget=budget, on=period)
+                if budget.attempt_limit is not None and usage.attempts >= budget.attempt_limit:
+                    limit, detail = "attempts", f"attempt limit {budget.attempt_limit} reached"
+                else:
+                    limit, detail = "run_seconds", f"run-time limit {budget.run_seconds_limit}s reached"
+                raise BudgetExhausted(
+                    budget_id=budget_id,
+                    name=name,
+                    limit=limit,
+                    need=0,
+                    period=period,
+                    detail=f"budget {name!r} for {period}: {detail}",
+                )
+    return list(granted.values())
+
+
+def add_run_seconds(*, usage_ids: Iterable[int], seconds: float) -> None:
+    ids = list(usage_ids)
+    if not ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workers_budgetusage SET run_seconds = run_seconds + %s, updated_at = now() WHERE id = ANY(%s)",
+            [seconds, ids],
+        )
+
+
+def _has_room(budget: Budget | None, parked_on: dict[str, Any]) -> bool:
+    if budget is None:
+        return True  # the budget was deleted: nothing holds the job any more
+    period = period_for(budget)
+    if parked_on.get("period") != period.isoformat():
+        return True  # a new period began
+    usage = usage_for(budget=budget, on=period)
+    limit = parked_on.get("limit")
+    need = int(parked_on.get("need") or 0)
+    if limit == "spend":
+        return budget.spend_limit_minor is None or usage.spent_minor + usage.reserved_minor + need <= budget.spend_limit_minor
+    if limit == "requests":
+        return budget.request_limit is None or usage.requests + 1 <= budget.request_limit
+    if limit == "attempts":
+        return budget.attempt_limit is None or usage.attempts < budget.attempt_limit
+    if limit == "run_seconds":
+        return budget.run_seconds_limit is None or usage.run_seconds < budget.run_seconds_limit
+    return True
+
+
+def unpark_ready(*, batch: int = 1000) -> int:
+    """Requeue budget-parked jobs whose budget has room again (new period or raised limit)."""
+    parked = list(
+        Job.objects.filter(state=JobState.PARKED, park_reason=ParkReason.BUDGET)
+        .order_by("parked_at")
+        .values_list("id", "queue", "version", "parked_on")[:batch]
+    )
+    if not parked:
+        return 0
+    budgets = Budget.objects.in_bulk({int(p[3].get("budget_id") or 0) for p in parked})
+    verdict: dict[tuple[Any, ...], bool] = {}
+    ready: list[tuple[int, str, int]] = []
+    for job_id, queue, version, parked_on in parked:
+        key = (parked_on.get("budget_id"), parked_on.get("limit"), parked_on.get("need"), parked_on.get("period"))
+        if key not in verdict:
+            verdict[key] = _has_room(budgets.get(int(parked_on.get("budget_id") or 0)), parked_on)
+        if verdict[key]:
+            ready.append((job_id, queue, version))
+    if not ready:
+        return 0
+    with transaction.atomic():
+        moved = list(
+            Job.objects.filter(pk__in=[r[0] for r in ready], state=JobState.PARKED, park_reason=ParkReason.BUDGET).values_list(
+                "id", flat=True
+            )
+        )
+        Job.objects.filter(pk__in=moved, state=JobState.PARKED).update(
+            state=JobState.QUEUED, park_reason=None, park_detail="", parked_on={}, parked_at=None, scheduled_at=timezone.now()
+        )
+        by_queue: dict[str, list[tuple[int, int]]] = {}
+        for job_id, queue, version in ready:
+            if job_id in moved:
+                by_queue.setdefault(queue, []).append((job_id, version))
+        transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
+    return len(moved)

@@ -1,0 +1,190 @@
+"""Pause switches: global, per queue or per kind, in drain or stop mode; and the circuit breaker.
+
+A pause is a row. The claim statement refuses jobs covered by a live pause, so "nothing
+new is claimed" holds for every worker at once, from the next claim on. A stop pause
+is also read by each running attempt's heartbeat, which cancels the body and releases
+the job without using an attempt. Paused jobs simply stay queued.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from koala.audit import record_audit
+from koala.redaction import redact_text
+from workers.errors import SafetyError
+from workers.models import Pause, PauseMode, PauseSource, Scope
+
+# A live pause: not lifted and not expired. Used by the claim, dispatch and heartbeat SQL,
+# with the job's own columns named j.kind / j.queue.
+LIVE_PAUSE_SQL = (
+    "p.lifted_at IS NULL AND (p.expires_at IS NULL OR p.expires_at > now()) AND "
+    "(p.scope = 'global' OR (p.scope = 'queue' AND p.target = {queue}) OR (p.scope = 'kind' AND p.target = {kind}))"
+)
+
+
+def _live() -> Q:
+    return Q(lifted_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+
+
+def active_pauses() -> list[Pause]:
+    return list(Pause.objects.filter(_live()).order_by("scope", "target"))
+
+
+def lift_expired() -> int:
+    """Mark expired pauses lifted (so the scope can be paused again and history reads right)."""
+    now = timezone.now()
+    return Pause.objects.filter(lifted_at__isnull=True, expires_at__lte=now).update(lifted_at=now, lifted_by="expiry")
+
+
+def pause(
+    *,
+    scope: str,
+    reason: str,
+    actor: str,
+    target: str = "",
+    mode: str = PauseMode.DRAIN,
+    expires_at: datetime | None = None,
+    source: str = PauseSource.MANUAL,
+) -> Pause:
+    """Pause a scope. Pausing a scope that is already paused is an error naming the live pause."""
+    if scope not in Scope.values:
+        raise SafetyError(f"unknown pause scope {scope!r}; use one of: {', '.join(Scope.values)}.")
+    if scope == Scope.GLOBAL and target:
+        raise SafetyError("a global pause takes no target.")
+    if scope != Scope.GLOBAL and not target:
+        raise SafetyError(f"a {scope} pause needs the {scope} name.")
+    if mode not in PauseMode.values:
+        raise SafetyError(f"unknown pause mode {mode!r}; use drain or stop.")
+    if source not in PauseSource.values:
+        raise SafetyError(f"unknown pause source {source!r}.")
+    if not reason or not reason.strip():
+        raise SafetyError("a pause needs a reason.")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise SafetyError("the pause's expiry is in the past.")
+    lift_expired()
+    try:
+        with transaction.atomic():
+            row = Pause.objects.create(
+                scope=scope,
+                target=target,
+                mode=mode,
+                source=source,
+                reason=redact_text(reason.strip(), limit=1000),
+                created_by=actor,
+                expires_at=expires_at,
+            )
+            record_audit(
+                actor=actor,
+                action="pause",
+                target_type="pause",
+                target_id=row.pk,
+                details={"scope": scope, "target": target, "mode": mode, "source": source, "reason": row.reason},
+            )
+    except IntegrityError:
+        # pause_one_live_per_scope decided: a concurrent or earlier pause holds this scope.
+        live = Pause.objects.filter(scope=scope, target=target, lifted_at__isnull=True).first()
+        raise SafetyError(
+            f"{scope} {target or ''} is already paused (pause {live.pk if live else '?'}, {live.mode if live else ''}); "
+            "resume it first or change that pause."
+        ) from None
+    return row
+
+
+def resume(*, pause_id: int, actor: str, note: str = "") -> Pause:
+    """Lift a pause; its queued jobs are rung at once."""
+    with transaction.atomic():
+        updated = Pause.objects.filter(pk=pause_id, lifted_at__isnull=True).update(lifted_at=timezone.now(), lifted_by=actor)
+        row = Pause.objects.filter(pk=pause_id).first()
+        if row is None:
+            raise SafetyError(f"pause {pause_id} does not exist.")
+        if not updated:
+            raise SafetyError(f"pause {pause_id} was already lifted by {row.lifted_by or 'someone'} at {row.lifted_at}.")
+        record_audit(
+            actor=actor,
+            action="resume",
+            target_type="pause",
+            target_id=pause_id,
+            details={"scope": row.scope, "target": row.target, "note": redact_text(note, limit=500)},
+        )
+        from workers.services.maintenance import dispatch
+
+        transaction.on_commit(dispatch)
+    return row
+
+
+def stop_requested(*, kind: str, queue: str) -> bool:
+    """True if a live stop-mode pause covers a job of this kind and queue (read by heartbeats)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM workers_pause p WHERE p.mode = 'stop' AND "
+            + LIVE_PAUSE_SQL.format(queue="%(queue)s", kind="%(kind)s")
+            + ")",
+            {"queue": queue, "kind": kind},
+        )
+        (found,) = cursor.fetchone()
+    return bool(found)
+
+
+def trip_breakers(*, threshold: int | None = None) -> list[Pause]:
+    """Pause (drain) every kind whose last ``threshold`` finished attempts all crashed.
+
+    A crash is an orphaned attempt (the worker died or hung) or a fatal failure (an
+    unclassified exception). Only a streak newer than the kind's last breaker pause
+    trips it again, so an operator's resume is not undone by the same old streak.
+    """
+    limit = int(settings.KOALA_BREAKER_THRESHOLD if threshold is None else threshold)
+    if limit <= 0:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH recent AS (
+                SELECT j.kind, a.finished_at,
+                       (a.outcome = 'orphaned' OR (a.outcome = 'failed' AND j.failure_reason = 'fatal')) AS crashed,
+                       row_number() OVER (PARTITION BY j.kind ORDER BY a.finished_at DESC, a.id DESC) AS n
+                FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+                WHERE a.finished_at > now() - interval '1 day'
+                  AND a.outcome IN ('succeeded', 'retry', 'failed', 'orphaned')
+                  AND j.kind IN (SELECT DISTINCT j2.kind FROM workers_attempt a2 JOIN workers_job j2 ON j2.id = a2.job_id
+                                 WHERE (a2.outcome = 'orphaned' OR (a2.outcome = 'failed' AND j2.failure_reason = 'fatal'))
+                                   AND a2.finished_at > now() - interval '1 day')
+            )
+            SELECT kind, max(finished_at) FROM recent WHERE n <= %s
+            GROUP BY kind HAVING count(*) = %s AND bool_and(crashed)
+            """,
+            [limit, limit],
+        )
+        streaks = cursor.fetchall()
+    tripped: list[Pause] = []
+    for kind, last_crash in streaks:
+        last_trip = (
+            Pause.objects.filter(scope=Scope.KIND, target=kind, source=PauseSource.CIRCUIT_BREAKER)
+            .order_by("-created_at")
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        if last_trip is not None and last_trip >= last_crash:
+            continue
+        if Pause.objects.filter(_live(), scope=Scope.KIND, target=kind).exists():
+            continue
+        try:
+            tripped.append(
+                pause(
+                    scope=Scope.KIND,
+                    target=kind,
+                    mode=PauseMode.DRAIN,
+                    source=PauseSource.CIRCUIT_BREAKER,
+                    actor="circuit-breaker",
+                    reason=f"circuit breaker: the last {limit} attempts of {kind} crashed or failed fatally; "
+                    "look at the failures, fix the cause, then resume",
+                )
+            )
+        except SafetyError:
+            continue  # another beat replica tripped it first
+    return tripped
