@@ -63,7 +63,7 @@ try:
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
-    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds"])
+    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "workers.effect_kinds"])
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
@@ -73,6 +73,46 @@ try:
             re.compile(_pattern)
         except re.error as _bad:
             raise ConfigError(f"KOALA_REDACT_EXTRA_PATTERNS has an invalid regex {_pattern!r}: {_bad}") from None
+
+    # Outbound providers (workers/providers/). Unset URL: jobs needing that provider fail
+    # visibly (not_configured). API keys are secrets: in production give them as *_FILE.
+    def _provider_url(name: str) -> str:
+        url = env.string(name, "").strip().rstrip("/")
+        if url and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{name} must be an http:// or https:// URL.")
+        return url
+
+    KOALA_PAYMENTS_URL = _provider_url("KOALA_PAYMENTS_URL")
+    KOALA_PAYMENTS_API_KEY = env.string("KOALA_PAYMENTS_API_KEY", "")
+    KOALA_PAYMENTS_TIMEOUT_SECONDS = env.number("KOALA_PAYMENTS_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+    KOALA_MODELS_URL = _provider_url("KOALA_MODELS_URL")
+    KOALA_MODELS_API_KEY = env.string("KOALA_MODELS_API_KEY", "")
+    KOALA_MODELS_TIMEOUT_SECONDS = env.number("KOALA_MODELS_TIMEOUT_SECONDS", 60.0, minimum=0.1)
+    KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS = env.number("KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+    # Email through Django's default mailer: SMTP when EMAIL_HOST is set, else printed to the
+    # console (development only: nothing is delivered).
+    _email_host = env.string("EMAIL_HOST", "")
+    _email_options = {
+        "host": _email_host,
+        "port": env.integer("EMAIL_PORT", 25, minimum=1),
+        "username": env.string("EMAIL_HOST_USER", ""),
+        "password": env.string("EMAIL_HOST_PASSWORD", ""),
+        "use_tls": env.boolean("EMAIL_USE_TLS", False),
+        "use_ssl": env.boolean("EMAIL_USE_SSL", False),
+        "timeout": env.number("EMAIL_TIMEOUT", 30.0, minimum=0.1),
+    }
+    if _email_options["use_tls"] and _email_options["use_ssl"]:
+        raise ConfigError("EMAIL_USE_TLS and EMAIL_USE_SSL are both set; set only one.")
+    MAILERS = {
+        "default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": _email_options}
+        if _email_host
+        else {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    }
+    DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "koala@localhost")
+    # The right-hand side of the Message-IDs Koala derives from operation keys.
+    KOALA_EMAIL_MESSAGE_ID_DOMAIN = (
+        env.string("KOALA_EMAIL_MESSAGE_ID_DOMAIN", "") or DEFAULT_FROM_EMAIL.rpartition("@")[2] or "koala.invalid"
+    )
 except ConfigError as _exc:
     # A clear one-line message beats a traceback through the settings module.
     sys.stderr.write(f"Koala configuration error: {_exc}\n")
