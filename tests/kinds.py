@@ -124,3 +124,139 @@ def backoff_probe(ctx: JobContext, data: dict[str, Any]) -> None:
     scheduled_at = Job.objects.values_list("scheduled_at", flat=True).get(pk=ctx.job_id)
     effect(data["log"], f"try {ctx.job_id} {ctx.attempt} {os.getpid()} {scheduled_at.isoformat()}")
     raise Retryable(f"storage blip (attempt {ctx.attempt})")
+
+
+# -- The safety layer's "outside world": an idempotent provider kept in a file -----------------
+#
+# Effects are lines "effect <key> <amount> <pid>" appended with fsync, so counting them counts
+# real external effects across processes and kill -9. Like a real provider, a repeated key
+# does not create a second effect, and lookup(key) answers found / absent.
+
+
+def world_effects(path: str, key: str | None = None) -> list[list[str]]:
+    return [line for line in effect_lines(path) if line[0] == "effect" and (key is None or line[1] == key)]
+
+
+def _world_charge(path: str, key: str, amount: int) -> None:
+    if not world_effects(path, key):
+        effect(path, f"effect {key} {amount} {os.getpid()}")
+
+
+def _world_lookup(path: str, key: str) -> Any:
+    from workers.operations import ABSENT, OperationResult
+
+    found = world_effects(path, key)
+    if not found:
+        return ABSENT
+    return OperationResult(external_id=f"ch_{key[-12:]}", data={"charged": int(found[0][2])})
+
+
+def _marker(path: str, name: str) -> bool:
+    """True the first time ``name`` is seen for this world file (scripted one-off faults)."""
+    flag = f"{path}.{name}"
+    if os.path.exists(flag):
+        return False
+    effect(flag, "seen")
+    return True
+
+
+def _charge_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    from workers.errors import Declined, NotPerformed, OutcomeUnknown
+    from workers.operations import OperationResult
+
+    world = data["world"]
+    amount = int(open(data["amount_file"]).read().strip()) if "amount_file" in data else int(data.get("amount", 100))
+    mode = data.get("mode", "")
+    effect(world, f"start {ctx.job_id} {ctx.attempt}")
+
+    def perform(key: str) -> OperationResult:
+        if mode == "declined":
+            raise Declined("card declined")
+        if mode == "not_performed_once" and _marker(world, "np"):
+            raise NotPerformed("429 too many requests", retry_after=0.05)
+        if mode == "secret_error":
+            raise Declined(f"provider said no for card {data.get('card_number')} with token {data.get('api_token')}")
+        _world_charge(world, key, amount)
+        if mode == "crash_after_effect" and _marker(world, "crash"):
+            os.kill(os.getpid(), 9)
+        if mode == "unknown_once" and _marker(world, "unknown"):
+            raise OutcomeUnknown("read timed out after the provider committed")
+        extra = {"echo": f"token sk_live_{'a' * 24} card 4242 4242 4242 4242"} if mode == "secret_response" else {}
+        return OperationResult(external_id=f"ch_{key[-12:]}", data={"charged": amount, **extra}, cost_minor=amount)
+
+    reconcile = None if data.get("no_lookup") else (lambda key: _world_lookup(world, key))
+    result = ctx.operation(
+        "charge",
+        kind="charge",
+        params={"amount_minor": amount, "customer": data.get("customer", "cus_1")},
+        perform=perform,
+        reconcile=reconcile,
+        estimate_minor=amount,
+        amount_minor=amount,
+        currency="EUR",
+        target=data.get("customer", "cus_1"),
+    )
+    if mode == "retry_after_op_once" and _marker(world, "after"):
+        raise Retryable("a later step failed; the retry must not charge again")
+    effect(world, f"end {ctx.job_id} {ctx.attempt}")
+    return result
+
+
+job_kind(
+    "tests.charge",
+    version=1,
+    queue="default",
+    max_attempts=5,
+    timeout_seconds=30,
+    backoff_base=0.05,
+    backoff_cap=0.2,
+    sensitive_fields={"api_token"},
+    critical={"charge": {"above_minor": 5000}},
+)(_charge_body)
+
+
+def _spend_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """A priced call of fixed estimate: for budget tests (several run at once in several workers)."""
+    from workers.operations import OperationResult
+
+    world = data["world"]
+
+    def perform(key: str) -> OperationResult:
+        time.sleep(float(data.get("seconds", 0.05)))
+        _world_charge(world, key, int(data["cost"]))
+        return OperationResult(external_id=key, data={"ok": True}, cost_minor=int(data["cost"]))
+
+    return ctx.operation(
+        "spend",
+        kind="model_call",
+        params={"n": data.get("n", 0)},
+        perform=perform,
+        reconcile=lambda key: _world_lookup(world, key),
+        estimate_minor=int(data["cost"]),
+    )
+
+
+job_kind("tests.spend", version=1, queue="default", max_attempts=3, timeout_seconds=30, backoff_base=0.05)(_spend_body)
+
+
+def _crash_body(ctx: JobContext, data: dict[str, Any]) -> None:
+    """Dies like a segfault or an OOM kill: the worker process (or fork horse) vanishes."""
+    os.kill(os.getpid(), 9)
+
+
+job_kind("tests.crash", version=1, queue="default", max_attempts=1, timeout_seconds=30)(_crash_body)
+
+
+def _steady_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``seconds`` in small steps, checkpointing between them (a cooperative long body)."""
+    log = data["log"]
+    effect(log, f"start {ctx.job_id} {ctx.attempt}")
+    deadline = time.monotonic() + float(data.get("seconds", 1))
+    while time.monotonic() < deadline:
+        ctx.checkpoint()
+        time.sleep(0.05)
+    effect(log, f"end {ctx.job_id} {ctx.attempt}")
+    return {"done": True}
+
+
+job_kind("tests.steady", version=1, queue="default", max_attempts=3, timeout_seconds=60)(_steady_body)

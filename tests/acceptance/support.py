@@ -19,7 +19,7 @@ from workers import doorbell
 from workers.models import Attempt, Job, JobState, Outcome, WorkerProcess
 
 # Outcomes that hand the job back without using an attempt.
-NOT_COUNTED = {Outcome.UNSERVABLE, Outcome.INTERRUPTED}
+NOT_COUNTED = {Outcome.UNSERVABLE, Outcome.INTERRUPTED, Outcome.PARKED}
 
 
 # -- the outside world ------------------------------------------------------------------------

@@ -1,0 +1,406 @@
+"""The safety layer in this process on real PostgreSQL + Redis: ledger, budgets, pauses, reviews.
+
+Job bodies run through the real runtime (``drain``); the "outside world" is the file-backed
+idempotent provider in tests.kinds, so effect counts are the provider's, not Koala's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from koala.models import AuditEvent
+from reviews.models import ReviewRequest
+from reviews.services import approve_review, expire_reviews, reject_review
+from tests.kinds import world_effects
+from workers import kinds
+from workers.errors import OperationMismatch, SafetyError, StaleAttempt
+from workers.models import Budget, BudgetUsage, Job, Operation, Pause
+from workers.operations import OperationResult
+from workers.runtime import JobContext, get_runtime
+from workers.services import budgets, leases, pauses
+from workers.services.budgets import BudgetExhausted
+from workers.services.jobs import enqueue, requeue_job
+from workers.services.operations import resolve_operation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain() -> int:
+    return get_runtime().drain(first_job_id=None, origin_queue="default")
+
+
+def run_until(job_id: int, *states: str, timeout: float = 15) -> Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        drain()
+        job = Job.objects.get(pk=job_id)
+        if job.state in states:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not reach {states}; it is {Job.objects.get(pk=job_id).state}")
+
+
+def charge(tmp_path: Path, created_by: str = "", **data: object) -> int:
+    world = str(tmp_path / "world.log")
+    return enqueue(kind="tests.charge", input={"world": world, **data}, created_by=created_by).job_id
+
+
+def effects(tmp_path: Path) -> list[list[str]]:
+    return world_effects(str(tmp_path / "world.log"))
+
+
+# -- the ledger ----------------------------------------------------------------------------------
+
+
+def test_rerun_after_success_returns_stored_result_without_calling_out(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, mode="retry_after_op_once", amount=700)
+    job = run_until(job_id, "succeeded")
+    assert job.result == {"charged": 700}
+    assert len(effects(tmp_path)) == 1
+    op = Operation.objects.get(job_id=job_id)
+    assert (op.state, op.attempts, op.cost_minor) == ("succeeded", 1, 700)
+    assert job.attempts == 2  # the second attempt reached the same operation and skipped it
+
+
+def test_outcome_unknown_is_reconciled_to_one_effect(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, mode="unknown_once", amount=300)
+    job = run_until(job_id, "succeeded")
+    op = Operation.objects.get(job_id=job_id)
+    assert (op.state, op.resolution, op.attempts) == ("reconciled", "found", 1)
+    assert len(effects(tmp_path)) == 1
+    assert job.result == {"charged": 300}
+
+
+def test_unreconcilable_outcome_parks_needs_attention_until_a_person_resolves_it(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, mode="unknown_once", no_lookup=True, amount=300)
+    job = run_until(job_id, "parked")
+    assert (job.park_reason, job.attempts) == ("needs_attention", 1)
+    op = Operation.objects.get(job_id=job_id)
+    assert op.state == "uncertain"
+    drain()  # parked: nobody claims it, nothing is re-sent
+    assert len(effects(tmp_path)) == 1 and Job.objects.get(pk=job_id).state == "parked"
+
+    with pytest.raises(SafetyError, match="external id"):
+        resolve_operation(operation_id=op.pk, happened=True, note="seen in dashboard", actor="ops")
+    resolve_operation(operation_id=op.pk, happened=True, external_id="ch_manual_1", note="seen in dashboard", actor="ops")
+    job = run_until(job_id, "succeeded")
+    assert job.result == {"external_id": "ch_manual_1", "resolved_manually": True}
+    assert len(effects(tmp_path)) == 1
+    assert AuditEvent.objects.filter(action="operation.resolve", target_id=str(op.pk)).count() == 1
+
+
+def test_resolved_as_not_happened_is_resent_under_the_same_key(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, mode="unknown_once", no_lookup=True, amount=300)
+    run_until(job_id, "parked")
+    op = Operation.objects.get(job_id=job_id)
+    # The provider did commit (unknown_once), so a re-send under the same key is absorbed by it.
+    resolve_operation(operation_id=op.pk, happened=False, note="provider support says no record", actor="ops")
+    run_until(job_id, "succeeded")
+    op.refresh_from_db()
+    assert (op.state, op.attempts) == ("succeeded", 2)
+    assert len(effects(tmp_path)) == 1
+
+
+def test_not_performed_is_resent_and_declined_fails_terminally(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, mode="not_performed_once", amount=10)
+    run_until(job_id, "succeeded")
+    op = Operation.objects.get(job_id=job_id)
+    assert (op.state, op.attempts) == ("succeeded", 2)
+    assert len(effects(tmp_path)) == 1
+
+    declined = charge(tmp_path / "..", mode="declined", amount=10)
+    job = run_until(declined, "failed")
+    assert (job.failure_reason, job.error_class) == ("terminal", "TerminalFailure:declined")
+    assert Operation.objects.get(job_id=declined).state == "failed"
+
+
+def test_reused_operation_key_with_other_params_is_a_clear_error_and_changes_nothing(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, amount=100)
+    job = Job.objects.get(pk=job_id)
+    Operation.objects.create(
+        job=job,
+        lease_token=0,
+        name="charge",
+        key=f"koala-job-{job_id}:charge",
+        kind="charge",
+        fingerprint="0" * 64,
+        state="succeeded",
+        result={"charged": 999},
+    )
+    job = run_until(job_id, "failed")
+    assert job.error_class == f"{OperationMismatch.__name__}:operation_mismatch"
+    assert "other parameters" in job.error_message
+    op = Operation.objects.get(job_id=job_id)
+    assert (op.fingerprint, op.result, op.attempts) == ("0" * 64, {"charged": 999}, 0)
+    assert effects(tmp_path) == []
+
+
+def test_a_stale_attempt_cannot_record_an_operation(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, amount=100)
+    runtime = get_runtime()
+    old = leases.claim_job(job_id=job_id, worker="w-old", lease_seconds=30)
+    assert old is not None
+    requeue_job(job_id=job_id, actor="ops")  # fences the old holder
+    new = leases.claim_job(job_id=job_id, worker="w-new", lease_seconds=30)
+    assert new is not None and new.lease_token > old.lease_token
+    kind = kinds.get("tests.charge", 1)
+    assert kind is not None
+    calls: list[str] = []
+
+    def perform(key: str) -> OperationResult:
+        calls.append(key)
+        return OperationResult()
+
+    ctx = JobContext(old, kind, runtime)
+    with pytest.raises(StaleAttempt):
+        ctx.operation("charge", kind="charge", params={"a": 1}, perform=perform)
+    assert calls == [] and not Operation.objects.filter(job_id=job_id).exists()
+
+
+# -- budgets ---------------------------------------------------------------------------------------
+
+
+def test_concurrent_reservations_never_exceed_the_cap() -> None:
+    budget = budgets.create_budget(name="spend-7", scope="kind", target="tests.spend", spend_limit_minor=700, actor="ops")
+    granted: list[int] = []
+    refused: list[int] = []
+    barrier = threading.Barrier(20)
+
+    def reserve(n: int) -> None:
+        try:
+            barrier.wait()
+            with transaction.atomic():
+                budgets.reserve(kind="tests.spend", queue="default", tenant="", estimate_minor=100)
+            granted.append(n)
+        except BudgetExhausted:
+            refused.append(n)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=reserve, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (len(granted), len(refused)) == (7, 13)
+    usage = BudgetUsage.objects.get(budget=budget)
+    assert (usage.reserved_minor, usage.requests) == (700, 7)
+
+
+def test_exhausted_budget_parks_jobs_and_a_raised_limit_resumes_them(tmp_path: Path, redis_clean: None) -> None:
+    budget = budgets.create_budget(name="daily", scope="kind", target="tests.spend", spend_limit_minor=250, actor="ops")
+    world = str(tmp_path / "world.log")
+    ids = [enqueue(kind="tests.spend", input={"world": world, "cost": 100, "n": n, "seconds": 0}).job_id for n in range(4)]
+    for _ in range(3):
+        drain()
+    states = sorted(Job.objects.filter(pk__in=ids).values_list("state", flat=True))
+    assert states == ["parked", "parked", "succeeded", "succeeded"]
+    parked = Job.objects.filter(pk__in=ids, state="parked").first()
+    assert parked is not None and parked.park_reason == "budget" and "spend limit 250" in parked.park_detail
+    assert budgets.unpark_ready() == 0  # still no room: the jobs stay parked, no churn
+    usage = BudgetUsage.objects.get(budget=budget)
+    assert (usage.spent_minor, usage.reserved_minor) == (200, 0)
+
+    budgets.update_budget(budget_id=budget.pk, actor="ops", spend_limit_minor=400)
+    assert budgets.unpark_ready() == 2
+    for _ in range(3):
+        drain()
+    assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"succeeded"}
+    assert len(world_effects(world)) == 4
+    usage.refresh_from_db()
+    budget.refresh_from_db()
+    assert usage.spent_minor == 400 == budget.spend_limit_minor
+
+
+def test_budget_exhaustion_can_trip_a_pause_of_its_scope(tmp_path: Path, redis_clean: None) -> None:
+    budgets.create_budget(name="tight", scope="queue", target="default", request_limit=1, pause_on_exhaust=True, actor="ops")
+    world = str(tmp_path / "world.log")
+    ids = [enqueue(kind="tests.spend", input={"world": world, "cost": 1, "n": n, "seconds": 0}).job_id for n in range(2)]
+    drain()
+    assert sorted(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == ["parked", "succeeded"]
+    live = pauses.active_pauses()
+    assert [(p.scope, p.target, p.source) for p in live] == [("queue", "default", "budget")]
+
+
+def test_model_usage_is_priced_from_the_price_table() -> None:
+    budgets.set_model_price(model="m-small", input_minor_per_mtok=300, output_minor_per_mtok=1500, actor="ops")
+    assert budgets.price_usage({"model": "m-small", "input_tokens": 1_000_000, "output_tokens": 2_000_000}) == 3300
+    assert budgets.price_usage({"model": "m-small", "input_tokens": 10, "output_tokens": 10}) == 1  # rounded up
+    assert budgets.price_usage({"model": "unknown", "input_tokens": 10}) is None
+
+
+# -- pauses ----------------------------------------------------------------------------------------
+
+
+def test_paused_scopes_are_not_claimed_and_resume_runs_them(tmp_path: Path, redis_clean: None) -> None:
+    log = str(tmp_path / "steady.log")
+    job_id = enqueue(kind="tests.steady", input={"log": log, "seconds": 0}).job_id
+    for scope, target in (("global", ""), ("queue", "default"), ("kind", "tests.steady")):
+        row = pauses.pause(scope=scope, target=target, reason="maintenance", actor="ops")
+        assert drain() == 0
+        assert Job.objects.get(pk=job_id).state == "queued"
+        pauses.resume(pause_id=row.pk, actor="ops")
+    assert drain() == 1
+    assert Job.objects.get(pk=job_id).state == "succeeded"
+
+
+def test_an_expired_pause_no_longer_holds_work(tmp_path: Path, redis_clean: None) -> None:
+    job_id = enqueue(kind="tests.steady", input={"log": str(tmp_path / "s.log"), "seconds": 0}).job_id
+    row = pauses.pause(scope="global", reason="short", actor="ops", expires_at=timezone.now() + timedelta(seconds=1))
+    assert drain() == 0
+    time.sleep(1.1)
+    assert drain() == 1 and Job.objects.get(pk=job_id).state == "succeeded"
+    assert pauses.lift_expired() == 1
+    row.refresh_from_db()
+    assert row.lifted_by == "expiry"
+
+
+# -- the review gate -------------------------------------------------------------------------------
+
+
+def test_critical_charge_waits_for_a_second_person_and_charges_once(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, created_by="alice", amount=6000)
+    job = run_until(job_id, "parked")
+    assert (job.park_reason, job.attempts) == ("waiting_review", 0)
+    assert effects(tmp_path) == []
+    review = ReviewRequest.objects.get(job_id=job_id)
+    assert (review.state, review.amount_minor, review.requested_by) == ("pending", 6000, "alice")
+
+    with pytest.raises(SafetyError, match="four-eyes"):
+        approve_review(review_id=review.pk, actor="alice")
+    approve_review(review_id=review.pk, actor="bob", comment="ok")
+    with pytest.raises(SafetyError, match="already approved"):
+        approve_review(review_id=review.pk, actor="carol")
+    job = run_until(job_id, "succeeded")
+    assert len(effects(tmp_path)) == 1
+    review.refresh_from_db()
+    assert (review.state, review.decided_by) == ("used", "bob")
+    actions = list(AuditEvent.objects.filter(target_type="review", target_id=str(review.pk)).values_list("action", flat=True))
+    assert "review.approve" in actions
+
+
+def test_small_amounts_are_not_critical(tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, created_by="alice", amount=4999)
+    run_until(job_id, "succeeded")
+    assert not ReviewRequest.objects.exists()
+
+
+def test_a_changed_amount_needs_a_new_approval(tmp_path: Path, redis_clean: None) -> None:
+    amount_file = tmp_path / "amount"
+    amount_file.write_text("6000")
+    job_id = charge(tmp_path, created_by="alice", amount_file=str(amount_file))
+    run_until(job_id, "parked")
+    first = ReviewRequest.objects.get(job_id=job_id)
+    approve_review(review_id=first.pk, actor="bob")
+    amount_file.write_text("9000")  # the action changed after it was approved
+    job = run_until(job_id, "parked")
+    assert job.park_reason == "waiting_review"
+    first.refresh_from_db()
+    second = ReviewRequest.objects.get(job_id=job_id, state="pending")
+    assert first.state == "superseded" and second.amount_minor == 9000 and second.digest != first.digest
+    assert effects(tmp_path) == []
+    approve_review(review_id=second.pk, actor="bob")
+    run_until(job_id, "succeeded")
+    assert [int(e[2]) for e in effects(tmp_path)] == [9000]
+
+
+def test_rejection_ends_the_job_and_expiry_is_enforced(tmp_path: Path, redis_clean: None) -> None:
+    rejected = charge(tmp_path, created_by="alice", amount=7000, customer="c-r")
+    expiring = charge(tmp_path, created_by="alice", amount=8000, customer="c-e")
+    run_until(rejected, "parked")
+    run_until(expiring, "parked")
+    review = ReviewRequest.objects.get(job_id=rejected)
+    with pytest.raises(SafetyError, match="comment"):
+        reject_review(review_id=review.pk, actor="bob", comment=" ")
+    reject_review(review_id=review.pk, actor="bob", comment="customer disputes this")
+    job = Job.objects.get(pk=rejected)
+    assert (job.state, job.failure_reason) == ("failed", "review_rejected")
+    assert "customer disputes this" in job.error_message
+
+    late = ReviewRequest.objects.get(job_id=expiring)
+    ReviewRequest.objects.filter(pk=late.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(SafetyError, match="expired"):
+        approve_review(review_id=late.pk, actor="bob")
+    assert expire_reviews() == 1
+    job = Job.objects.get(pk=expiring)
+    assert (job.state, job.failure_reason) == ("failed", "review_expired")
+    assert effects(tmp_path) == []
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
+    with pytest.raises(SafetyError, match="unknown scope 'planet'"):
+        budgets.create_budget(name="x", scope="planet", actor="ops")
+    with pytest.raises(SafetyError, match="cannot be negative"):
+        budgets.create_budget(name="x", scope="global", spend_limit_minor=-5, actor="ops")
+    with pytest.raises(SafetyError, match="needs a target"):
+        budgets.create_budget(name="x", scope="queue", actor="ops")
+    with pytest.raises(SafetyError, match="unknown time zone"):
+        budgets.create_budget(name="x", scope="global", timezone="Mars/Olympus", actor="ops")
+    with pytest.raises(SafetyError, match="review 999999 does not exist"):
+        approve_review(review_id=999999, actor="bob")
+    with pytest.raises(SafetyError, match="does not exist"):
+        resolve_operation(operation_id=999999, happened=False, note="n", actor="ops")
+    with pytest.raises(SafetyError, match="needs a reason"):
+        pauses.pause(scope="global", reason=" ", actor="ops")
+    with pytest.raises(CommandError, match="unknown scope 'planet'"):
+        call_command("koala_budget", "create", "y", "--scope", "planet")
+    with pytest.raises(CommandError, match="cannot be negative"):
+        call_command("koala_budget", "create", "y", "--scope", "global", "--spend", "-1")
+    with pytest.raises(CommandError, match="does not exist"):
+        call_command("koala_reviews", "approve", "424242")
+    assert not Budget.objects.exists() and not Pause.objects.exists()
+    assert not AuditEvent.objects.exists()
+
+
+def test_pausing_a_paused_scope_is_refused() -> None:
+    pauses.pause(scope="queue", target="default", reason="deploy", actor="ops")
+    with pytest.raises(SafetyError, match="already paused"):
+        pauses.pause(scope="queue", target="default", reason="again", actor="ops")
+    assert Pause.objects.count() == 1
+
+
+# -- the commands ----------------------------------------------------------------------------------
+
+
+def test_pause_resume_and_reviews_commands(tmp_path: Path, redis_clean: None, capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("koala_pause", "--queue", "default", "--mode", "stop", "--reason", "incident 42", "--actor", "ops")
+    call_command("koala_pause")
+    out = capsys.readouterr().out
+    assert "queue default stop (manual) by ops" in out and "incident 42" in out
+    with pytest.raises(CommandError, match="needs a reason"):
+        call_command("koala_pause", "--kind", "noop")
+    call_command("koala_resume", "--queue", "default", "--note", "fixed", "--actor", "ops")
+    with pytest.raises(CommandError, match="not paused"):
+        call_command("koala_resume", "--queue", "default")
+    assert pauses.active_pauses() == []
+
+    job_id = charge(tmp_path, created_by="alice", amount=6000)
+    run_until(job_id, "parked")
+    review = ReviewRequest.objects.get(job_id=job_id)
+    capsys.readouterr()
+    call_command("koala_reviews", "list")
+    listing = capsys.readouterr().out
+    assert f"review {review.pk}" in listing and "amount 6000 EUR" in listing and "requested by alice" in listing
+    with pytest.raises(CommandError, match="four-eyes"):
+        call_command("koala_reviews", "approve", str(review.pk), "--actor", "alice")
+    call_command("koala_reviews", "approve", str(review.pk), "--actor", "bob", "--comment", "fine")
+    assert "approved by bob" in capsys.readouterr().out
+    run_until(job_id, "succeeded")
+    assert len(effects(tmp_path)) == 1
+
+    call_command("koala_budget", "create", "ops-daily", "--scope", "queue", "--target", "default", "--spend", "5000")
+    call_command("koala_budget", "set", "ops-daily", "--spend", "none", "--requests", "10")
+    call_command("koala_budget", "list")
+    out = capsys.readouterr().out
+    assert "ops-daily: queue default (request_limit=10)" in out

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from workers.errors import SafetyError
+from workers.management.commands._common import cli_actor
+from workers.models import Pause
+from workers.services.pauses import active_pauses, resume
+
+
+class Command(BaseCommand):
+    help = "Lift a pause (by id, or by scope: --global / --queue NAME / --kind NAME). Its queued jobs resume at once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        where = parser.add_mutually_exclusive_group(required=True)
+        where.add_argument("pause_id", nargs="?", type=int, help="the pause's id (koala_pause lists them)")
+        where.add_argument("--global", dest="everything", action="store_true")
+        where.add_argument("--queue")
+        where.add_argument("--kind")
+        parser.add_argument("--note", default="", help="why it is safe to resume (audited)")
+        parser.add_argument("--actor", default=None, help="who resumes (default: $USER@cli)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        pause_id = options["pause_id"]
+        if pause_id is None:
+            scope, target = (
+                ("global", "")
+                if options["everything"]
+                else ("queue", options["queue"])
+                if options["queue"]
+                else (
+                    "kind",
+                    options["kind"],
+                )
+            )
+            live = [p for p in active_pauses() if p.scope == scope and p.target == target]
+            if not live:
+                lapsed = Pause.objects.filter(scope=scope, target=target, lifted_at__isnull=True).first()
+                if lapsed is None:
+                    raise CommandError(f"{scope} {target or '*'} is not paused.")
+                live = [lapsed]
+            pause_id = live[0].pk
+        try:
+            row = resume(pause_id=pause_id, actor=cli_actor(options["actor"]), note=options["note"])
+        except SafetyError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"pause {row.pk} lifted: {row.scope} {row.target or '*'} resumed")
