@@ -3,8 +3,10 @@ service (fenced, audited). Actions call those services."""
 
 from __future__ import annotations
 
+import zoneinfo
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -12,7 +14,8 @@ from django.http import HttpRequest
 from koala.redaction import redact_data
 from workers import kinds
 from workers.errors import JobStateError
-from workers.models import Attempt, Job, WorkerProcess
+from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
+from workers.services import budgets as budget_services
 from workers.services.jobs import cancel_job, requeue_job, retry_job
 
 
@@ -132,3 +135,90 @@ class AttemptAdmin(ReadOnlyAdmin):
 class WorkerProcessAdmin(ReadOnlyAdmin):
     list_display = ["name", "hostname", "pid", "worker_class", "started_at", "last_seen_at", "stopped_at"]
     list_filter = ["hostname", "worker_class"]
+
+
+@admin.register(Operation)
+class OperationAdmin(ReadOnlyAdmin):
+    list_display = ["id", "job", "name", "kind", "state", "resolution", "external_id", "cost_minor", "updated_at"]
+    list_filter = ["state", "kind", "resolution"]
+    search_fields = ["key", "external_id"]
+    list_select_related = ["job"]
+
+
+@admin.register(BudgetUsage)
+class BudgetUsageAdmin(ReadOnlyAdmin):
+    list_display = ["budget", "period", "spent_minor", "reserved_minor", "requests", "attempts", "run_seconds"]
+    list_filter = ["budget"]
+    list_select_related = ["budget"]
+
+
+@admin.register(Pause)
+class PauseAdmin(ReadOnlyAdmin):
+    list_display = ["id", "scope", "target", "mode", "source", "created_by", "created_at", "expires_at", "lifted_at"]
+    list_filter = ["scope", "mode", "source"]
+
+
+class AuditedServiceAdmin(admin.ModelAdmin):
+    """Editable, but every save goes through the service that validates and audits it."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class BudgetForm(forms.ModelForm):
+    class Meta:
+        model = Budget
+        fields = ["name", "scope", "target", "tenant", "timezone", "currency", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
+
+    def clean_timezone(self) -> str:
+        value = self.cleaned_data["timezone"]
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise forms.ValidationError(f"unknown time zone {value!r} (use an IANA name such as Europe/Paris).") from None
+        return value
+
+
+@admin.register(Budget)
+class BudgetAdmin(AuditedServiceAdmin):
+    form = BudgetForm
+    list_display = ["name", "scope", "target", "tenant", "timezone", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
+    fields = ["name", "scope", "target", "tenant", "timezone", "currency", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # Scope and period are identity: change them by creating another budget.
+        return ["name", "scope", "target", "tenant", "timezone", "currency"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: Budget, form: Any, change: bool) -> None:
+        actor = request.user.get_username()
+        limits = {f: getattr(obj, f) for f in budget_services.LIMIT_FIELDS}
+        if change:
+            budget_services.update_budget(budget_id=obj.pk, actor=actor, pause_on_exhaust=obj.pause_on_exhaust, **limits)
+        else:
+            created = budget_services.create_budget(
+                name=obj.name,
+                scope=obj.scope,
+                target=obj.target,
+                tenant=obj.tenant,
+                timezone=obj.timezone,
+                currency=obj.currency,
+                pause_on_exhaust=obj.pause_on_exhaust,
+                actor=actor,
+                **limits,
+            )
+            obj.pk = created.pk
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(AuditedServiceAdmin):
+    list_display = ["model", "input_minor_per_mtok", "output_minor_per_mtok", "updated_by", "updated_at"]
+    fields = ["model", "input_minor_per_mtok", "output_minor_per_mtok"]
+
+    def save_model(self, request: HttpRequest, obj: ModelPrice, form: Any, change: bool) -> None:
+        saved = budget_services.set_model_price(
+            model=obj.model,
+            input_minor_per_mtok=obj.input_minor_per_mtok,
+            output_minor_per_mtok=obj.output_minor_per_mtok,
+            actor=request.user.get_username(),
+        )
+        obj.pk = saved.pk
