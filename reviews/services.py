@@ -49,6 +49,9 @@ def decision_blocker(*, review: ReviewRequest, actor: str, approving: bool = Tru
         return f"this review is already {review.state}{who}."
     if review.expires_at <= timezone.now():
         return "this review has expired; the job ends by policy."
+    job_state = Job.objects.filter(pk=review.job_id).values_list("state", flat=True).first()
+    if job_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        return f"the job is already {job_state}; there is nothing left to decide."
     if approving and review.requested_by and review.requested_by == actor:
         return "four-eyes rule: you requested this action (you enqueued the job), so someone else must approve it."
     return None
@@ -154,6 +157,7 @@ def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRe
         updated = (
             ReviewRequest.objects.filter(pk=review_id, state=ReviewState.PENDING, expires_at__gt=now)
             .exclude(requested_by=actor)
+            .exclude(job__state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
             .update(
                 state=ReviewState.APPROVED,
                 decided_by=actor,
@@ -235,4 +239,17 @@ def expire_reviews() -> int:
                 _fail_parked(review, reason=FailureReason.REVIEW_EXPIRED, message=f"review {review.pk} expired undecided")
             record_audit(actor="koala", action="review.expired", target_type="review", target_id=review.pk, details={"was": was})
             count += 1
+    return count
+
+
+def withdraw_open_reviews(*, job_id: int, actor: str) -> int:
+    """The job ended another way (cancelled): its open reviews can no longer be decided."""
+    count = 0
+    for review in ReviewRequest.objects.select_for_update().filter(
+        job_id=job_id, state__in=[ReviewState.PENDING, ReviewState.APPROVED]
+    ):
+        review.state = ReviewState.SUPERSEDED
+        review.save(update_fields=["state"])
+        record_audit(actor=actor, action="review.withdrawn", target_type="review", target_id=review.pk, details={"job": job_id})
+        count += 1
     return count

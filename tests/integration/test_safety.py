@@ -404,3 +404,17 @@ def test_pause_resume_and_reviews_commands(tmp_path: Path, redis_clean: None, ca
     call_command("koala_budget", "list")
     out = capsys.readouterr().out
     assert "ops-daily: queue default (request_limit=10)" in out
+
+
+def test_cancelling_a_job_waiting_for_review_withdraws_the_review(tmp_path: Path, redis_clean: None) -> None:
+    from workers.services.jobs import cancel_job
+
+    job_id = charge(tmp_path, created_by="alice", amount=6000)
+    run_until(job_id, "parked")
+    review = ReviewRequest.objects.get(job_id=job_id)
+    cancel_job(job_id=job_id, actor="ops", reason="customer cancelled")
+    review.refresh_from_db()
+    assert review.state == "superseded"
+    with pytest.raises(SafetyError, match="already superseded"):
+        approve_review(review_id=review.pk, actor="bob")
+    assert effects(tmp_path) == []

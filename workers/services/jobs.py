@@ -246,6 +246,10 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
         record_audit(
             actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
         )
+        if previous == JobState.PARKED:
+            from reviews.services import withdraw_open_reviews
+
+            withdraw_open_reviews(job_id=job_id, actor=actor)
     return job
 
 
