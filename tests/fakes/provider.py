@@ -31,7 +31,7 @@ Faults (``POST /_control``; ``resource`` limits one to orders/charges/completion
 that many requests, otherwise it lasts until ``{"reset": true}``)::
 
     {"fault": "commit_then_timeout", "seconds": S}  record the effect, then hold the reply S seconds
-    {"fault": "5xx", "status": 503}                 fail before doing anything
+    {"fault": "5xx", "status": 503, "message": "..."}  fail before doing anything
     {"fault": "429", "retry_after": 2}              rate limited, with a Retry-After header
     {"fault": "decline", "status": 402, "code": "card_declined", "message": "..."}  a business refusal
     {"fault": "lookup_disabled"}                    lookups answer 501: nothing can be reconciled
@@ -213,7 +213,7 @@ class ProviderState:
             raise reply
         fault = self.take_fault("5xx", resource)
         if fault is not None:
-            raise error(fault.status, "api_error", "internal_error", "Something went wrong on our side.")
+            raise error(fault.status, "api_error", "internal_error", fault.message or "Something went wrong on our side.")
         digest = fingerprint(body)
         slot = (resource, key)
         with self.lock:

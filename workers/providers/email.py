@@ -22,6 +22,7 @@ Error classes by how far the SMTP conversation got:
 from __future__ import annotations
 
 import hashlib
+import logging
 import smtplib
 from typing import Any
 
@@ -33,6 +34,8 @@ from workers.errors import Declined, NotPerformed, OutcomeUnknown
 
 IDEMPOTENCY_HEADER = "X-Koala-Idempotency-Key"
 
+log = logging.getLogger("koala.providers")
+
 
 def message_id(key: str) -> str:
     """A Message-ID that is the same for every send of one operation key."""
@@ -43,6 +46,14 @@ def message_id(key: str) -> str:
 
 def send(*, key: str, to: list[str], subject: str, body: str, from_email: str = "") -> dict[str, Any]:
     """Send one message; returns a summary (Message-ID, recipients count) for the ledger."""
+    try:
+        return _send(key=key, to=to, subject=subject, body=body, from_email=from_email)
+    except (NotPerformed, OutcomeUnknown, Declined) as exc:
+        log.warning("%s (%s)", exc, type(exc).__name__)
+        raise
+
+
+def _send(*, key: str, to: list[str], subject: str, body: str, from_email: str) -> dict[str, Any]:
     mid = message_id(key)
     message = EmailMessage(
         subject=subject,

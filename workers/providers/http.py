@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import ssl
 import time
@@ -33,6 +34,9 @@ from workers.errors import Declined, NotPerformed, OutcomeUnknown
 from workers.operations import ABSENT
 
 MAX_PROVIDER_MESSAGE = 300  # characters of a provider's error message kept in ours
+
+# Failed calls are logged here (through the redacting log filter: provider messages may echo secrets).
+log = logging.getLogger("koala.providers")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,13 @@ class JsonClient:
     # -- the two calls a kind makes --------------------------------------------------------------
     def post(self, path: str, body: dict[str, Any], *, idempotency_key: str) -> dict[str, Any]:
         """Create something at the provider; returns the object it answered with."""
+        try:
+            return self._post(path, body, idempotency_key=idempotency_key)
+        except (NotPerformed, OutcomeUnknown, Declined) as exc:
+            log.warning("%s (%s)", exc, type(exc).__name__)
+            raise
+
+    def _post(self, path: str, body: dict[str, Any], *, idempotency_key: str) -> dict[str, Any]:
         status, headers, answer = self._exchange("POST", path, body=body, idempotency_key=idempotency_key)
         what = f"{self.endpoint.name} POST {path}"
         if 200 <= status < 300:
@@ -100,7 +111,11 @@ class JsonClient:
         the job is retried and reconciles later instead of waiting for a person over a blip.
         """
         query = f"{path}?idempotency_key={quote(key, safe='')}"
-        status, _, answer = self._exchange("GET", query, body=None, idempotency_key="")
+        try:
+            status, _, answer = self._exchange("GET", query, body=None, idempotency_key="")
+        except (NotPerformed, OutcomeUnknown) as exc:
+            log.warning("lookup failed: %s (%s)", exc, type(exc).__name__)
+            raise
         if status == 200 and isinstance(answer, dict):
             return answer
         if status == 404:

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
+from workers import kinds
 from workers.services.jobs import JobSpec, enqueue_many
 
 
@@ -46,6 +47,43 @@ class Command(BaseCommand):
             JobSpec(kind="demo.flaky", input={"terminal": True}, idempotency_key="demo-terminal"),
             JobSpec(kind="sleep", input={"seconds": 1}, idempotency_key="demo-delayed", delay_seconds=30),
         ]
+        specs += self.effect_specs()
         results = enqueue_many(specs=specs, created_by="koala_demo")
         created = sum(r.created for r in results)
         self.stdout.write(f"Demo jobs: {created} new, {len(results) - created} already present")
+
+    def effect_specs(self) -> list[JobSpec]:
+        """The side-effect kinds, for the providers that are configured (docs/effects.md).
+
+        An email always (without EMAIL_HOST the console mailer prints it); an order and charge
+        below and one above the review threshold when a payment provider is set; a model call
+        when a model API is set. The test provider serves both:
+        ``python -m tests.fakes.provider --port 8765 --state .koala-data/provider.jsonl``.
+        """
+        specs = [
+            JobSpec(
+                kind="email.send",
+                input={"to": "demo@example.com", "subject": "Welcome", "template": "welcome", "context": {"name": "Demo"}},
+                idempotency_key="demo-email-welcome",
+            )
+        ]
+        if settings.KOALA_PAYMENTS_URL:
+            for reference, amount in (("demo-order-1", 1200), ("demo-order-2", 7500)):
+                specs.append(
+                    JobSpec(
+                        kind="shop.order_and_charge",
+                        input={"reference": reference, "amount_minor": amount, "currency": "EUR"},
+                        idempotency_key=reference,
+                    )
+                )
+        if settings.KOALA_MODELS_URL:
+            specs.append(
+                JobSpec(
+                    kind="model.complete",
+                    input={"model": "m-small", "prompt": "Summarise the day's orders in one line.", "max_tokens": 64},
+                    idempotency_key="demo-model-1",
+                )
+            )
+        # Only the kinds this deployment registers (KOALA_JOB_KIND_MODULES may leave them out).
+        registered = {kind.name for kind in kinds.served()}
+        return [spec for spec in specs if spec.kind in registered]
