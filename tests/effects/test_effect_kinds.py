@@ -97,6 +97,7 @@ def test_commit_then_timeout_goes_uncertain_then_reconciles_to_one_charge(
     provider: FakeProvider, redis_clean: None, settings
 ) -> None:
     settings.KOALA_PAYMENTS_TIMEOUT_SECONDS = 0.5
+    settings.KOALA_DRAIN_BATCH = 1  # one attempt per drain: the state between the attempts is observable
     provider.fault("commit_then_timeout", resource="charges", seconds=3, times=1)
     job_id = shop("o-timeout")
     run_until(job_id, "queued")  # the first attempt timed out waiting for the charge's answer
