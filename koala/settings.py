@@ -68,6 +68,11 @@ try:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
     KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
+    # The console's worker health (R3): alive but nothing started or finished for this long is
+    # "stuck"; this many short-lived starts of one host/queue set within the window is a crash loop.
+    KOALA_STUCK_AFTER_SECONDS = env.number("KOALA_STUCK_AFTER_SECONDS", 300.0, minimum=1.0)
+    KOALA_CRASH_LOOP_STARTS = env.integer("KOALA_CRASH_LOOP_STARTS", 3, minimum=2)
+    KOALA_CRASH_LOOP_WINDOW_SECONDS = env.number("KOALA_CRASH_LOOP_WINDOW_SECONDS", 600.0, minimum=10.0)
     for _pattern in KOALA_REDACT_EXTRA_PATTERNS:
         try:
             re.compile(_pattern)
@@ -131,15 +136,20 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Before staticfiles, so runserver serves static files through WhiteNoise too (one code path).
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_rq",
     "koala",
     "workers",
     "reviews",
+    "console",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files come from the app itself (no CDN, no extra web server); right after security headers.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -181,10 +191,29 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env.string("STATIC_ROOT", str(BASE_DIR / ".koala-data" / "staticfiles")))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# WhiteNoise serves straight from the finders (static/ and the apps), so the admin looks right
+# without a collectstatic step; after `collectstatic` it serves STATIC_ROOT as well.
+WHITENOISE_USE_FINDERS = True
+# WhiteNoise warns about a missing STATIC_ROOT on every start; before the first collectstatic
+# an empty one is correct (the finders serve everything), so make it.
+try:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass  # a read-only deployment has run collectstatic into it at build time
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "admin:login"
 
 SESSION_COOKIE_SECURE = not DEBUG and env.boolean("SECURE_COOKIES", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SESSION_COOKIE_HTTPONLY = True
+# Forms carry the CSRF token; no script needs to read the cookie.
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1} for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])

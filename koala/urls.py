@@ -1,11 +1,18 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 admin.site.site_header = "Koala"
 admin.site.site_title = "Koala admin"
 admin.site.index_title = "Jobs, workers and reviews"
+# "View site" in the admin's header leads to the operations dashboard, the staff landing page.
+admin.site.site_url = "/admin/console/"
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="console:dashboard", permanent=False)),
     path("admin/django-rq/", include("django_rq.urls")),
+    # Before admin.site.urls, whose catch-all would otherwise answer these paths.
+    path("admin/console/reviews/", include("reviews.urls")),
+    path("admin/console/", include("console.urls")),
     path("admin/", admin.site.urls),
 ]

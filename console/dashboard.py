@@ -1,0 +1,396 @@
+"""The operations dashboard's numbers, read straight from PostgreSQL (R3, R7).
+
+Every figure is one aggregate query over the engine's rows, so what the page shows is what
+the database holds at ``now``: backlog depth and the age of the oldest due job per queue,
+running and parked counts, completions and error rates over 1 h / 24 h, p50/p95 queue wait
+and run time, budgets against their limits, and worker health (healthy, idle, stuck,
+crash-looping, lost).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from console.charts import BarChart, bar_chart
+from reviews.models import ReviewRequest, ReviewState
+from workers.models import Attempt, Budget, BudgetUsage, Job, JobState, Operation, Scope, WorkerProcess
+from workers.services.operations import needing_attention
+from workers.services.pauses import active_pauses
+
+HOUR = dt.timedelta(hours=1)
+DAY = dt.timedelta(hours=24)
+
+
+@dataclass
+class QueueStats:
+    queue: str
+    depth: int = 0  # queued, due now or later
+    due: int = 0  # queued and due now
+    oldest_due_id: int | None = None
+    oldest_due_at: dt.datetime | None = None
+    running: int = 0
+    parked: int = 0
+    succeeded_1h: int = 0
+    failed_1h: int = 0
+    succeeded_24h: int = 0
+    failed_24h: int = 0
+    wait_p50: float | None = None
+    wait_p95: float | None = None
+    run_p50: float | None = None
+    run_p95: float | None = None
+    now: dt.datetime = field(default_factory=timezone.now)
+
+    @property
+    def oldest_due_age(self) -> float | None:
+        """Seconds the oldest due job has waited: the backlog age an operator watches."""
+        return None if self.oldest_due_at is None else max((self.now - self.oldest_due_at).total_seconds(), 0.0)
+
+    @staticmethod
+    def _rate(failed: int, succeeded: int) -> float | None:
+        total = failed + succeeded
+        return None if total == 0 else failed / total
+
+    @property
+    def error_rate_1h(self) -> float | None:
+        return self._rate(self.failed_1h, self.succeeded_1h)
+
+    @property
+    def error_rate_24h(self) -> float | None:
+        return self._rate(self.failed_24h, self.succeeded_24h)
+
+
+@dataclass
+class WorkerHealth:
+    name: str
+    hostname: str
+    queues: list[str]
+    status: str  # healthy | idle | stuck | crash_looping | lost | stopped
+    why: str
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    live_job_id: int | None = None
+    last_completed: Attempt | None = None
+    last_operation: Operation | None = None
+
+
+@dataclass
+class BudgetBar:
+    budget: Budget
+    period: dt.date
+    usage: BudgetUsage | None
+    rows: list[tuple[str, int | float, int | None]]  # (what, used, limit)
+
+
+@dataclass
+class Dashboard:
+    now: dt.datetime
+    queues: list[QueueStats]
+    workers: list[WorkerHealth]
+    budgets: list[BudgetBar]
+    throughput: BarChart
+    errors: BarChart
+    cost: BarChart
+    uncertain_operations: int
+    pending_reviews: int
+
+
+def _queue_names(extra: Iterable[str]) -> list[str]:
+    # Configured queues always show (an empty queue is information too), then any other seen.
+    names = list(settings.RQ_QUEUES)
+    names += sorted(set(extra) - set(names))
+    return names
+
+
+def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
+    stats: dict[str, QueueStats] = defaultdict(lambda: QueueStats(queue="", now=now))
+
+    def row(queue: str) -> QueueStats:
+        entry = stats[queue]
+        entry.queue = queue
+        return entry
+
+    due = Q(state=JobState.QUEUED, scheduled_at__lte=now)
+    current = (
+        Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.PARKED])
+        .values("queue")
+        .annotate(
+            depth=Count("id", filter=Q(state=JobState.QUEUED)),
+            due=Count("id", filter=due),
+            oldest_due_at=Min("scheduled_at", filter=due),
+            running=Count("id", filter=Q(state=JobState.RUNNING)),
+            parked=Count("id", filter=Q(state=JobState.PARKED)),
+        )
+    )
+    for values in current:
+        entry = row(values["queue"])
+        entry.depth, entry.due, entry.oldest_due_at = values["depth"], values["due"], values["oldest_due_at"]
+        entry.running, entry.parked = values["running"], values["parked"]
+
+    # The oldest due job of each queue by id, so the page links to the very row it measures.
+    oldest = Job.objects.filter(due).order_by("queue", "scheduled_at", "id").distinct("queue").values_list("queue", "id")
+    for queue, job_id in oldest:
+        row(queue).oldest_due_id = job_id
+
+    finished = (
+        Job.objects.filter(finished_at__gte=now - DAY, finished_at__lte=now)
+        .values("queue")
+        .annotate(
+            succeeded_24h=Count("id", filter=Q(state=JobState.SUCCEEDED)),
+            failed_24h=Count("id", filter=Q(state=JobState.FAILED)),
+            succeeded_1h=Count("id", filter=Q(state=JobState.SUCCEEDED, finished_at__gte=now - HOUR)),
+            failed_1h=Count("id", filter=Q(state=JobState.FAILED, finished_at__gte=now - HOUR)),
+        )
+    )
+    for counts in finished:
+        entry = row(counts["queue"])
+        entry.succeeded_24h, entry.failed_24h = counts["succeeded_24h"], counts["failed_24h"]
+        entry.succeeded_1h, entry.failed_1h = counts["succeeded_1h"], counts["failed_1h"]
+
+    with connection.cursor() as cursor:
+        # Queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
+        # start of its latest attempt (the one holding the job's current lease token). Run time:
+        # every attempt that finished in the window, except unservable/parked hand-backs that ran nothing.
+        cursor.execute(
+            """
+            SELECT j.queue,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0))
+            FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+            WHERE a.started_at >= %s AND a.started_at <= %s AND a.lease_token = j.lease_token AND j.state <> 'queued'
+            GROUP BY j.queue
+            """,
+            [now - DAY, now],
+        )
+        for queue, p50, p95 in cursor.fetchall():
+            entry = row(queue)
+            entry.wait_p50, entry.wait_p95 = p50, p95
+        cursor.execute(
+            """
+            SELECT j.queue,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at))
+            FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+            WHERE a.finished_at >= %s AND a.finished_at <= %s AND a.outcome NOT IN ('unservable', 'parked')
+            GROUP BY j.queue
+            """,
+            [now - DAY, now],
+        )
+        for queue, p50, p95 in cursor.fetchall():
+            entry = row(queue)
+            entry.run_p50, entry.run_p95 = p50, p95
+
+    return [stats[name] if name in stats else QueueStats(queue=name, now=now) for name in _queue_names(stats)]
+
+
+def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
+    """Tell a crash loop from a stuck worker (R3): a live process can be stuck.
+
+    - lost: not stopped, but silent for longer than a lease (killed, host gone);
+    - crash_looping: KOALA_CRASH_LOOP_STARTS or more processes of one host and queue set
+      started within KOALA_CRASH_LOOP_WINDOW_SECONDS (many starts, short lives);
+    - stuck: alive, yet for KOALA_STUCK_AFTER_SECONDS it has held one attempt, or it had due
+      work in its (unpaused) queues and neither started nor finished anything;
+    - idle: alive with nothing due; healthy: alive and working.
+    """
+    alive_within = dt.timedelta(seconds=max(float(settings.KOALA_LEASE_SECONDS), 3 * float(settings.KOALA_HEARTBEAT_SECONDS)))
+    stuck_after = dt.timedelta(seconds=float(settings.KOALA_STUCK_AFTER_SECONDS))
+    window = dt.timedelta(seconds=float(settings.KOALA_CRASH_LOOP_WINDOW_SECONDS))
+    processes = list(
+        WorkerProcess.objects.filter(
+            Q(stopped_at__isnull=True, last_seen_at__gte=now - DAY) | Q(started_at__gte=now - window)
+        ).order_by("hostname", "-started_at")[:200]
+    )
+    if not processes:
+        return []
+    names = [p.name for p in processes]
+
+    starts: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    for process in processes:
+        if process.started_at >= now - window:
+            starts[(process.hostname, tuple(process.queues))] += 1
+
+    live: dict[str, tuple[int, dt.datetime]] = {
+        worker: (job_id, started)
+        for worker, job_id, started in Attempt.objects.filter(finished_at__isnull=True, worker_id__in=names).values_list(
+            "worker_id", "job_id", "started_at"
+        )
+    }
+    # DISTINCT ON: the newest finished attempt of each worker, in one query.
+    last_done = {
+        a.worker_id: a
+        for a in Attempt.objects.filter(worker_id__in=names, finished_at__isnull=False, finished_at__gte=now - DAY)
+        .select_related("job")
+        .only("worker_id", "finished_at", "started_at", "outcome", "job__id", "job__kind")
+        .order_by("worker_id", "-finished_at")
+        .distinct("worker_id")
+    }
+    last_op = {
+        op.attempt.worker_id: op  # type: ignore[union-attr]  # filtered on attempt__worker_id: never None
+        for op in Operation.objects.filter(attempt__worker_id__in=names, settled_at__isnull=False, settled_at__gte=now - DAY)
+        .select_related("attempt")
+        .only("id", "name", "kind", "state", "settled_at", "job_id", "attempt__worker_id")
+        .order_by("attempt__worker_id", "-settled_at")
+        .distinct("attempt__worker_id")
+    }
+    due_queues = set(
+        Job.objects.filter(state=JobState.QUEUED, scheduled_at__lte=now - stuck_after).values_list("queue", flat=True).distinct()
+    )
+    # Work held back by a pause is not a stuck worker's fault.
+    pauses = active_pauses()
+    if any(p.scope == Scope.GLOBAL for p in pauses):
+        due_queues = set()
+    due_queues -= {p.target for p in pauses if p.scope == Scope.QUEUE}
+
+    result = []
+    for process in processes:
+        done = last_done.get(process.name)
+        live_job_id, started_live = live.get(process.name, (None, None))
+        last_activity = max([t for t in (process.started_at, done.finished_at if done else None, started_live) if t is not None])
+        loop_starts = starts.get((process.hostname, tuple(process.queues)), 0)
+        if loop_starts >= int(settings.KOALA_CRASH_LOOP_STARTS):
+            status, why = "crash_looping", f"{loop_starts} starts on {process.hostname} within {window.total_seconds():.0f} s"
+        elif process.stopped_at is not None:
+            status, why = "stopped", f"stopped at {process.stopped_at:%H:%M:%S}"
+        elif now - process.last_seen_at > alive_within:
+            status, why = "lost", f"no sign of life for {(now - process.last_seen_at).total_seconds():.0f} s"
+        elif started_live is not None and now - started_live > stuck_after:
+            status, why = "stuck", f"one attempt running for {(now - started_live).total_seconds():.0f} s"
+        elif started_live is None and due_queues & set(process.queues) and now - last_activity > stuck_after:
+            status, why = (
+                "stuck",
+                f"due work waiting, nothing started or finished for {(now - last_activity).total_seconds():.0f} s",
+            )
+        elif started_live is not None:
+            status, why = "healthy", "running a job"
+        else:
+            status, why = "idle", "alive, nothing due"
+        result.append(
+            WorkerHealth(
+                name=process.name,
+                hostname=process.hostname,
+                queues=list(process.queues),
+                status=status,
+                why=why,
+                started_at=process.started_at,
+                last_seen_at=process.last_seen_at,
+                live_job_id=live_job_id,
+                last_completed=done,
+                last_operation=last_op.get(process.name),
+            )
+        )
+    return result
+
+
+def _local_day(budget: Budget, now: dt.datetime) -> dt.date:
+    try:
+        zone = ZoneInfo(budget.timezone)
+    except (KeyError, ValueError):
+        zone = ZoneInfo("UTC")
+    return now.astimezone(zone).date()
+
+
+def budget_bars(*, now: dt.datetime, only: Budget | None = None) -> list[BudgetBar]:
+    """Today's usage of every budget (its own time zone's day) against its limits: two queries."""
+    budgets = [only] if only is not None else list(Budget.objects.all()[:100])
+    if not budgets:
+        return []
+    periods = {b.pk: _local_day(b, now) for b in budgets}
+    wanted = Q()
+    for budget_id, period in periods.items():
+        wanted |= Q(budget_id=budget_id, period=period)
+    usage = {u.budget_id: u for u in BudgetUsage.objects.filter(wanted)}
+    bars = []
+    for budget in budgets:
+        used = usage.get(budget.pk)
+        rows: list[tuple[str, int | float, int | None]] = [
+            ("spend", (used.spent_minor + used.reserved_minor) if used else 0, budget.spend_limit_minor),
+            ("requests", used.requests if used else 0, budget.request_limit),
+            ("attempts", used.attempts if used else 0, budget.attempt_limit),
+            ("run seconds", round(used.run_seconds, 1) if used else 0, budget.run_seconds_limit),
+        ]
+        bars.append(BudgetBar(budget=budget, period=periods[budget.pk], usage=used, rows=rows))
+    return bars
+
+
+def _hourly(rows: Iterable[tuple[dt.datetime, Any]], *, now: dt.datetime) -> list[tuple[dt.datetime, float]]:
+    start = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=23)
+    buckets = {start + dt.timedelta(hours=i): 0.0 for i in range(24)}
+    for hour, value in rows:
+        if hour in buckets:
+            buckets[hour] += float(value or 0)
+    return sorted(buckets.items())
+
+
+def charts(*, now: dt.datetime) -> tuple[BarChart, BarChart, BarChart]:
+    """Throughput, errors and cost per hour over the last 24 hours (server-side SVG)."""
+    since = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=23)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT date_trunc('hour', finished_at) AS hour,
+                   count(*) FILTER (WHERE state = 'succeeded'),
+                   count(*) FILTER (WHERE state = 'failed')
+            FROM workers_job WHERE finished_at >= %s AND finished_at <= %s GROUP BY hour
+            """,
+            [since, now],
+        )
+        jobs = cursor.fetchall()
+        cursor.execute(
+            """
+            SELECT date_trunc('hour', finished_at) AS hour, count(*)
+            FROM workers_attempt WHERE finished_at >= %s AND finished_at <= %s AND outcome IN ('retry', 'orphaned')
+            GROUP BY hour
+            """,
+            [since, now],
+        )
+        retries = cursor.fetchall()
+        cursor.execute(
+            """
+            SELECT date_trunc('hour', settled_at) AS hour, sum(cost_minor)
+            FROM workers_operation WHERE settled_at >= %s AND settled_at <= %s AND cost_minor IS NOT NULL
+            GROUP BY hour
+            """,
+            [since, now],
+        )
+        cost = cursor.fetchall()
+    throughput = bar_chart(
+        title="Completed jobs per hour",
+        series=[("succeeded", _hourly(((h, s) for h, s, _ in jobs), now=now))],
+        unit="jobs",
+    )
+    errors = bar_chart(
+        title="Errors per hour",
+        series=[
+            ("failed jobs", _hourly(((h, f) for h, _, f in jobs), now=now)),
+            ("retried or orphaned attempts", _hourly(retries, now=now)),
+        ],
+        unit="errors",
+    )
+    spend = bar_chart(title="Cost per hour (minor units)", series=[("cost", _hourly(cost, now=now))], unit="minor units")
+    return throughput, errors, spend
+
+
+def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
+    now = now or timezone.now()
+    throughput, errors, cost = charts(now=now)
+    return Dashboard(
+        now=now,
+        queues=queue_stats(now=now),
+        workers=worker_health(now=now),
+        budgets=budget_bars(now=now),
+        throughput=throughput,
+        errors=errors,
+        cost=cost,
+        uncertain_operations=needing_attention().count(),
+        pending_reviews=ReviewRequest.objects.filter(state=ReviewState.PENDING).count(),
+    )

@@ -1,0 +1,145 @@
+"""Input parsing for the console's pages. Forms validate shape only; the services decide."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from zoneinfo import available_timezones
+
+from django import forms
+from django.conf import settings
+from django.utils import timezone
+
+from console.jobs import ACTIONS, JobFilter
+from workers import kinds
+from workers.models import FailureReason, JobState, ParkReason, PauseMode, Scope
+
+
+def queue_choices() -> list[tuple[str, str]]:
+    return [(q, q) for q in settings.RQ_QUEUES]
+
+
+def kind_names() -> list[str]:
+    return sorted({k.name for k in kinds.served()})
+
+
+class JobFilterForm(forms.Form):
+    state = forms.ChoiceField(required=False, choices=[("", "any state"), *JobState.choices])
+    kind = forms.CharField(required=False, max_length=100)
+    queue = forms.CharField(required=False, max_length=64)
+    reason = forms.ChoiceField(
+        required=False,
+        choices=[("", "any reason"), ("Failed", FailureReason.choices), ("Parked", ParkReason.choices)],
+    )
+    created_after = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    created_before = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    search = forms.CharField(required=False, max_length=200, label="id / key / trace")
+
+    def to_filter(self) -> JobFilter:
+        data = self.cleaned_data if self.is_valid() else {}
+        return JobFilter(
+            state=data.get("state") or "",
+            kind=data.get("kind") or "",
+            queue=data.get("queue") or "",
+            reason=data.get("reason") or "",
+            created_after=data.get("created_after"),
+            created_before=data.get("created_before"),
+            search=data.get("search") or "",
+        )
+
+
+class JobActionForm(forms.Form):
+    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS])
+    reason = forms.CharField(required=False, max_length=500)
+
+
+class BulkActionForm(JobActionForm):
+    # Either the ticked rows or every job the (repeated) filter matches.
+    scope = forms.ChoiceField(choices=[("selected", "selected"), ("all", "all matching")], initial="selected")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # The ids are whatever the page listed; the service re-checks each job's state.
+        raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
+        if any(not str(i).isdigit() for i in raw):
+            raise forms.ValidationError("Job ids are numbers.")
+        cleaned["ids"] = [int(i) for i in raw]
+        if cleaned.get("scope") == "selected" and not cleaned["ids"]:
+            raise forms.ValidationError("Tick at least one job, or choose “all matching”.")
+        return cleaned
+
+
+class PauseForm(forms.Form):
+    scope = forms.ChoiceField(choices=Scope.choices, initial=Scope.QUEUE)
+    target = forms.CharField(required=False, max_length=100, help_text="Queue or kind name; empty for global.")
+    mode = forms.ChoiceField(choices=PauseMode.choices, initial=PauseMode.DRAIN, widget=forms.RadioSelect)
+    reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 40}))
+    expires_in_minutes = forms.IntegerField(required=False, min_value=1, max_value=60 * 24 * 30, label="Expires in (minutes)")
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        scope, target = cleaned.get("scope"), (cleaned.get("target") or "").strip()
+        if scope == Scope.GLOBAL:
+            target = ""
+        elif not target:
+            raise forms.ValidationError(f"Name the {scope} to pause.")
+        cleaned["target"] = target
+        return cleaned
+
+    def expires_at(self) -> dt.datetime | None:
+        minutes = self.cleaned_data.get("expires_in_minutes")
+        return timezone.now() + dt.timedelta(minutes=minutes) if minutes else None
+
+
+class ResumeForm(forms.Form):
+    note = forms.CharField(required=False, max_length=500)
+
+
+class ResolveForm(forms.Form):
+    outcome = forms.ChoiceField(
+        choices=[("happened", "It happened"), ("absent", "It did not happen (safe to re-send)")], widget=forms.RadioSelect
+    )
+    external_id = forms.CharField(required=False, max_length=200, label="External id (when it happened)")
+    note = forms.CharField(max_length=1000, widget=forms.Textarea(attrs={"rows": 2, "cols": 50}))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("outcome") == "happened" and not (cleaned.get("external_id") or "").strip():
+            raise forms.ValidationError("Give the provider's id of the effect that happened.")
+        return cleaned
+
+
+LIMIT_FIELDS = ("spend_limit_minor", "request_limit", "concurrency_limit", "run_seconds_limit", "attempt_limit")
+
+
+class BudgetLimitsForm(forms.Form):
+    spend_limit_minor = forms.IntegerField(required=False, min_value=0, label="Spend limit (minor units)")
+    request_limit = forms.IntegerField(required=False, min_value=0)
+    concurrency_limit = forms.IntegerField(required=False, min_value=0)
+    run_seconds_limit = forms.IntegerField(required=False, min_value=0)
+    attempt_limit = forms.IntegerField(required=False, min_value=0)
+    pause_on_exhaust = forms.BooleanField(required=False)
+
+
+class BudgetCreateForm(BudgetLimitsForm):
+    name = forms.CharField(max_length=100)
+    scope = forms.ChoiceField(choices=Scope.choices)
+    target = forms.CharField(required=False, max_length=100)
+    tenant = forms.CharField(required=False, max_length=100)
+    timezone = forms.CharField(max_length=64, initial="UTC")
+    currency = forms.CharField(max_length=3, initial="EUR")
+
+    field_order = ["name", "scope", "target", "tenant", "timezone", "currency", *LIMIT_FIELDS, "pause_on_exhaust"]
+
+    def clean_timezone(self) -> str:
+        value = self.cleaned_data["timezone"].strip()
+        if value not in available_timezones():
+            raise forms.ValidationError(f"{value!r} is not an IANA time zone (e.g. Europe/Paris).")
+        return value
+
+
+class PriceForm(forms.Form):
+    model = forms.CharField(max_length=100)
+    input_minor_per_mtok = forms.IntegerField(min_value=0, label="Input (minor units / 1M tokens)")
+    output_minor_per_mtok = forms.IntegerField(min_value=0, label="Output (minor units / 1M tokens)")

@@ -1,0 +1,26 @@
+"""The console's pages, mounted under /admin/console/ (same login, cookies and look as the admin)."""
+
+from django.urls import path
+
+from console.views import attention, budgets, dashboard, jobs, pauses
+
+app_name = "console"
+
+urlpatterns = [
+    path("", dashboard.dashboard, name="dashboard"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/bulk/", jobs.job_bulk, name="jobs_bulk"),
+    path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
+    path("jobs/<int:job_id>/act/", jobs.job_act, name="job_act"),
+    path("failures/", jobs.failures, name="failures"),
+    path("pauses/", pauses.pause_list, name="pauses"),
+    path("pauses/new/", pauses.pause_create, name="pause_create"),
+    path("pauses/<int:pause_id>/resume/", pauses.pause_resume, name="pause_resume"),
+    path("attention/", attention.attention, name="attention"),
+    path("attention/<int:operation_id>/resolve/", attention.resolve, name="resolve"),
+    path("budgets/", budgets.budget_list, name="budgets"),
+    path("budgets/new/", budgets.budget_create, name="budget_create"),
+    path("budgets/<int:budget_id>/", budgets.budget_detail, name="budget"),
+    path("budgets/<int:budget_id>/update/", budgets.budget_update, name="budget_update"),
+    path("prices/", budgets.price_set, name="price_set"),
+]

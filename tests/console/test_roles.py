@@ -1,0 +1,26 @@
+"""The roles come from a migration: a fresh database has the three groups and their permissions.
+
+Not transactional on purpose: pytest-django runs these before any transactional test, whose
+flush would empty auth_group, so this sees exactly what `migrate` left."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+
+pytestmark = pytest.mark.django_db
+
+
+def codenames(group: str, app_label: str) -> set[str]:
+    return set(Permission.objects.filter(group__name=group, content_type__app_label=app_label).values_list("codename", flat=True))
+
+
+def test_migrate_creates_operators_reviewers_and_auditors() -> None:
+    assert codenames("operators", "console") == {"view_operations", "operate"}
+    assert codenames("reviewers", "console") == {"view_operations", "review"}
+    assert codenames("auditors", "console") == {"view_operations"}
+    # Every role reads the engine's records in the admin (read-only there).
+    for group in ("operators", "reviewers", "auditors"):
+        assert {"view_job", "view_attempt", "view_workerprocess"} <= codenames(group, "workers")
+        assert "view_auditevent" in codenames(group, "koala")
+    assert set(Group.objects.values_list("name", flat=True)) >= {"operators", "reviewers", "auditors"}
