@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.jobs import ACTIONS, JobFilter
 from workers import kinds
+from workers.errors import JobStateError
 from workers.models import FailureReason, JobState, ParkReason, PauseMode, Scope
 
 
@@ -27,8 +28,10 @@ class JobFilterForm(forms.Form):
     state = forms.ChoiceField(required=False, choices=[("", "any state"), *JobState.choices])
     kind = forms.CharField(required=False, max_length=100)
     queue = forms.CharField(required=False, max_length=64)
-    reason = forms.ChoiceField(
+    # "cause", not "reason": the bulk form posts the filter next to its own free-text reason.
+    cause = forms.ChoiceField(
         required=False,
+        label="reason",
         choices=[("", "any reason"), ("Failed", FailureReason.choices), ("Parked", ParkReason.choices)],
     )
     created_after = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
@@ -36,12 +39,16 @@ class JobFilterForm(forms.Form):
     search = forms.CharField(required=False, max_length=200, label="id / key / trace")
 
     def to_filter(self) -> JobFilter:
-        data = self.cleaned_data if self.is_valid() else {}
+        """The filter as given. An invalid one raises: it must never widen to "every job"."""
+        if not self.is_valid():
+            problems = "; ".join(f"{field}: {' '.join(str(e) for e in errors)}" for field, errors in self.errors.items())
+            raise JobStateError(f"the filter is invalid ({problems}); nothing was selected.")
+        data = self.cleaned_data
         return JobFilter(
             state=data.get("state") or "",
             kind=data.get("kind") or "",
             queue=data.get("queue") or "",
-            reason=data.get("reason") or "",
+            reason=data.get("cause") or "",
             created_after=data.get("created_after"),
             created_before=data.get("created_before"),
             search=data.get("search") or "",

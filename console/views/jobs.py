@@ -9,14 +9,23 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console.forms import BulkActionForm, JobActionForm, JobFilterForm, kind_names, queue_choices
-from console.jobs import BULK_LIMIT, bulk_job_action, failure_groups, filtered_jobs, job_action, read_job, record_list_read
+from console.jobs import (
+    BULK_LIMIT,
+    JobFilter,
+    bulk_job_action,
+    failure_groups,
+    filtered_jobs,
+    job_action,
+    read_job,
+    record_list_read,
+)
 from console.roles import OPERATE, VIEW, actor, page
 from console.views.base import render_console
 from workers.errors import JobStateError
 from workers.models import Job
 
 PAGE_SIZE = 50
-FILTER_KEYS = ("state", "kind", "queue", "reason", "created_after", "created_before", "search")
+FILTER_KEYS = ("state", "kind", "queue", "cause", "created_after", "created_before", "search")
 
 
 def _filter_query(data: QueryDict) -> str:
@@ -31,8 +40,12 @@ def _filter_query(data: QueryDict) -> str:
 @page(VIEW)
 def job_list(request: HttpRequest) -> HttpResponse:
     form = JobFilterForm(request.GET)
-    filters = form.to_filter()
-    paginator = Paginator(filtered_jobs(filters), PAGE_SIZE)
+    try:
+        filters = form.to_filter()
+        jobs = filtered_jobs(filters)
+    except JobStateError:
+        filters, jobs = JobFilter(), Job.objects.none()  # an invalid filter lists nothing; the form says why
+    paginator = Paginator(jobs, PAGE_SIZE)
     jobs_page = paginator.get_page(request.GET.get("page"))
     record_list_read(actor=actor(request), filters=filters, page=jobs_page.number)
     return render_console(
@@ -83,15 +96,15 @@ def job_bulk(request: HttpRequest) -> HttpResponse:
         for error in form.non_field_errors() or ["Choose an action and the jobs to apply it to."]:
             messages.error(request, str(error))
         return HttpResponseRedirect(back)
-    if form.cleaned_data["scope"] == "all":
-        # The filter is re-applied on the server: what the person saw is what is changed.
-        filters = JobFilterForm(request.POST).to_filter()
-        ids = list(filtered_jobs(filters).values_list("id", flat=True)[: BULK_LIMIT + 1])
-        selection = {"filter": _filter_query(request.POST) or "(no filter)"}
-    else:
-        ids = form.cleaned_data["ids"]
-        selection = {"ids": ",".join(str(i) for i in ids[:100])}
     try:
+        if form.cleaned_data["scope"] == "all":
+            # The filter is re-applied on the server: what the person saw is what is changed.
+            filters = JobFilterForm(request.POST).to_filter()
+            ids = list(filtered_jobs(filters).values_list("id", flat=True)[: BULK_LIMIT + 1])
+            selection = {"filter": _filter_query(request.POST) or "(no filter)"}
+        else:
+            ids = form.cleaned_data["ids"]
+            selection = {"ids": ",".join(str(i) for i in ids[:100])}
         result = bulk_job_action(
             action=form.cleaned_data["action"],
             job_ids=ids,

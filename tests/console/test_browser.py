@@ -21,7 +21,8 @@ from tests.conftest import Processes, wait_for
 from tests.console.conftest import PASSWORD, effects_env
 from tests.console.scenarios import BEARER, CARD
 from tests.fakes.provider import FakeProvider
-from workers.models import Job, JobState, Operation
+from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
+from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue
 
 pytestmark = [
@@ -214,7 +215,7 @@ def test_dashboard_backlog_age_and_depth_match_the_database(people: Any, redis_c
     assert (before - oldest.scheduled_at).total_seconds() - 0.5 <= age <= (after - oldest.scheduled_at).total_seconds() + 0.5
     assert age >= 2
     assert f"#{first}" in row.locator("td.oldest-age").inner_text()
-    olga.shot("dashboard")
+    olga.shot("dashboard-backlog")
 
 
 # 5 ------------------------------------------------------------------------------------------------
@@ -249,3 +250,39 @@ def test_uncertain_charge_resolved_as_happened_completes_without_a_second_charge
     operation.refresh_from_db()
     assert (operation.state, operation.resolution) == ("reconciled", "manual_happened")
     wait_for(lambda: not Job.objects.filter(pk=job_id, state=JobState.PARKED).exists(), what="unparked")
+
+
+# The dashboard's other numbers ------------------------------------------------------------------------
+def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provider: FakeProvider, people: Any) -> None:
+    budget = create_budget(name="daily-spend", scope="global", spend_limit_minor=20_000, request_limit=40, actor="setup")
+    set_model_price(model="m-small", input_minor_per_mtok=150_000, output_minor_per_mtok=600_000, actor="setup")
+    jobs = [enqueue(kind="noop", input={}).job_id for _ in range(6)]
+    jobs += [enqueue(kind="boom", input={"card": CARD, "bearer": BEARER}).job_id for _ in range(2)]
+    jobs += [enqueue(kind="demo.flaky", input={"succeed_on": 2}).job_id for _ in range(2)]
+    jobs += [shop(f"o-dash-{n}", amount) for n, amount in enumerate((1200, 2500, 800))]
+    jobs.append(enqueue(kind="model.complete", input={"model": "m-small", "prompt": "Summarise the day."}).job_id)
+    wait_for(lambda: not Job.objects.filter(pk__in=jobs).exclude(state__in=["succeeded", "failed"]).exists(), timeout=60)
+    for _ in range(4):
+        enqueue(kind="noop", input={}, queue="bulk")
+
+    olga = people("operator")
+    olga.go("/admin/console/")
+    row = olga.page.locator("#queues tr[data-queue='default']")
+    finished = Job.objects.filter(queue="default", finished_at__isnull=False)
+    assert int(row.get_attribute("data-succeeded-1h")) == finished.filter(state="succeeded").count() == 12
+    assert int(row.get_attribute("data-failed-1h")) == finished.filter(state="failed").count() == 2
+    assert int(row.get_attribute("data-succeeded-24h")) == 12 and int(row.get_attribute("data-failed-24h")) == 2
+    assert "14.3%" in row.inner_text()  # 2 failed of 14 finished
+    assert olga.page.locator("#queues tr[data-queue='bulk']").get_attribute("data-depth") == "4"
+    throughput = olga.page.locator("[data-chart='completed-jobs-per-hour'] [data-series='succeeded']")
+    assert throughput.get_attribute("data-total") == "12"
+    retried = olga.page.locator("[data-chart='errors-per-hour'] [data-series='retried-or-orphaned-attempts']")
+    assert retried.get_attribute("data-total") == str(Attempt.objects.filter(outcome="retry").count()) == "2"
+    cost = olga.page.locator("[data-chart='cost-per-hour-minor-units'] [data-series='cost']")
+    settled = sum(Operation.objects.filter(cost_minor__isnull=False).values_list("cost_minor", flat=True))
+    assert float(cost.get_attribute("data-total")) == settled >= 4500
+    usage = BudgetUsage.objects.get(budget=budget)
+    spend = olga.page.locator("#budgets .usage-row[data-what='spend']")
+    assert int(spend.get_attribute("data-used")) == usage.spent_minor + usage.reserved_minor == settled
+    assert olga.page.locator("#workers tr[data-status='idle'], #workers tr[data-status='healthy']").count() == 1
+    olga.shot("dashboard")

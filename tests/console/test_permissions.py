@@ -13,7 +13,7 @@ from django.test import Client
 
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
-from tests.console.scenarios import failed_job_with_secrets, pending_review, uncertain_charge
+from tests.console.scenarios import BEARER, CARD, failed_job_with_secrets, pending_review, uncertain_charge
 from tests.fakes.provider import FakeProvider
 from workers.models import Budget, Job, ModelPrice, Operation, Pause
 from workers.services.budgets import create_budget
@@ -70,6 +70,8 @@ def test_every_role_reads_every_page_and_a_staff_user_without_a_role_reads_none(
         for role in ("operator", "reviewer", "auditor"):
             response = clients[role].get(url)
             assert response.status_code == 200, (role, url, response.status_code)
+            html = response.content.decode()
+            assert CARD not in html and BEARER not in html, url  # the HTML never holds a masked value
         assert clients["norole"].get(url).status_code == 403, url
         assert clients["norole"].post(url, {}).status_code == 403, url
         anonymous = clients["anonymous"].get(url)
