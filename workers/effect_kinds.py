@@ -6,8 +6,9 @@
 - ``model.complete``: one priced model call; usage in tokens, cost priced by Koala from ModelPrice.
 
 Inputs are references and small values, never secrets: the provider credentials come from
-settings, a message body from a template, a prompt is masked in every record (``prompt`` is an
-always-sensitive key). Each step passes its operation key to the provider as the idempotency
+settings, a message body from a template. A prompt is the one document a job carries: the
+ledger keeps only its SHA-256, and ``prompt`` is an always-sensitive key, masked in admin pages,
+error messages and logs. Each step passes its operation key to the provider as the idempotency
 key and gives ``reconcile`` a lookup by that key, so a re-run after a crash or a timeout finds
 what was done instead of doing it again (docs/effects.md).
 """
