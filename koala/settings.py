@@ -63,6 +63,11 @@ try:
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
+    # Consecutive crashed/fatal attempts of one kind that pause it (0 turns the breaker off).
+    KOALA_BREAKER_THRESHOLD = env.integer("KOALA_BREAKER_THRESHOLD", 5, minimum=0)
+    # How long a reviewer has to decide, and how long an approval stays usable.
+    KOALA_REVIEW_TTL_SECONDS = env.number("KOALA_REVIEW_TTL_SECONDS", 86400.0, minimum=1.0)
+    KOALA_APPROVAL_TTL_SECONDS = env.number("KOALA_APPROVAL_TTL_SECONDS", 3600.0, minimum=1.0)
     KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "workers.effect_kinds"])
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
