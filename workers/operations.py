@@ -181,7 +181,11 @@ class _Ledger:
         if self.reconcile is not None:
             try:
                 answer = self.reconcile(self.key)
-            except Exception as exc:  # the lookup itself failed: we still cannot tell
+            except (OutcomeUnknown, NotPerformed, Retryable) as exc:
+                # The lookup itself hit a transient failure (timeout, 5xx, 429): ask again later
+                # rather than hand a person a question the provider will answer in a minute.
+                raise Retryable(self._text(f"{self.kind} {self.name}: reconcile lookup failed ({exc}); retrying")) from None
+            except Exception as exc:  # the lookup failed in a way retrying will not fix: we cannot tell
                 log.warning("operation %s: reconcile failed: %s", op.pk, type(exc).__name__)
                 answer = None
         if isinstance(answer, OperationResult):
@@ -329,7 +333,7 @@ class _Ledger:
             "fp": self.fingerprint,
             "params": json.dumps(self._redact(self.params), default=str),
             "amount": self.amount,
-            "target": self.target,
+            "target": self._text(self.target)[:200],
             "est": self.estimate,
             "res": json.dumps(reservations),
         }
@@ -405,7 +409,9 @@ class _Ledger:
         with transaction.atomic():
             self._update(
                 op.pk,
-                "state = %(state)s, resolution = %(resolution)s, external_id = %(ext)s, response = %(resp)s::jsonb, "
+                # A re-send after reconcile proved the first absent keeps that history (resolution absent).
+                "state = %(state)s, resolution = CASE WHEN %(resolution)s = '' THEN resolution ELSE %(resolution)s END, "
+                "external_id = %(ext)s, response = %(resp)s::jsonb, "
                 "result = %(result)s::jsonb, cost_minor = %(cost)s, usage = %(usage)s::jsonb, reservations = '[]'::jsonb, "
                 "error_message = '', settled_at = now()",
                 {

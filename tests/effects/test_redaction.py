@@ -29,18 +29,9 @@ CARD = "4242 4242 4242 4242"  # passes the Luhn check, like a real card number
 NEEDLES = (TOKEN, CARD, CARD.replace(" ", ""), PROVIDER_API_KEY)
 
 
-# Known leak, owned by workers/operations.py: _mark_in_flight stores ``target`` as given (the
-# review and the error texts redact it). Checked on its own by the strict xfail below, which
-# fails loudly once the engine redacts it; then drop this exclusion and the xfail.
-UNREDACTED_COLUMNS = {"target"}
-
-
 def rows_as_text(job_ids: list[int]) -> str:
     """Every column of every row Koala keeps about these jobs' effects, as text."""
-    operations = [
-        {k: v for k, v in row.items() if k not in UNREDACTED_COLUMNS}
-        for row in Operation.objects.filter(job_id__in=job_ids).values()
-    ]
+    operations = list(Operation.objects.filter(job_id__in=job_ids).values())
     data = {
         "operations": operations,
         "attempts": list(Attempt.objects.filter(job_id__in=job_ids).values()),
@@ -126,10 +117,6 @@ def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_review
     assert "upstream failed for pay with [redacted]" in logs and "card_declined" in logs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers/operations.py _Ledger._mark_in_flight writes target unredacted (needs self._text(self.target))",
-)
 def test_an_operation_target_is_stored_redacted(provider: FakeProvider, redis_clean: None) -> None:
     from workers.runtime import get_runtime
 
