@@ -19,9 +19,7 @@ OPEN_STATES = (OperationState.IN_FLIGHT, OperationState.UNCERTAIN)
 def needing_attention() -> QuerySet[Operation]:
     """Open operations of jobs parked needs_attention, oldest first."""
     return (
-        Operation.objects.filter(
-            state__in=OPEN_STATES, job__state=JobState.PARKED, job__park_reason=ParkReason.NEEDS_ATTENTION
-        )
+        Operation.objects.filter(state__in=OPEN_STATES, job__state=JobState.PARKED, job__park_reason=ParkReason.NEEDS_ATTENTION)
         .select_related("job")
         .order_by("updated_at")
     )
