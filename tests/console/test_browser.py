@@ -148,6 +148,7 @@ def test_operator_drains_a_queue_and_resumes_it(fleet: Processes, people: Any) -
     olga.page.click("#pause-form button[type=submit]")
     olga.page.wait_for_url("**/admin/console/pauses/")
     assert "INC-42" in olga.page.inner_text("#pause-banner")
+    olga.shot("pauses")
 
     jobs = [enqueue(kind="noop", input={}).job_id for _ in range(3)]
     time.sleep(3)  # several drain/beat cycles: a paused queue claims nothing
@@ -286,3 +287,11 @@ def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provide
     assert int(spend.get_attribute("data-used")) == usage.spent_minor + usage.reserved_minor == settled
     assert olga.page.locator("#workers tr[data-status='idle'], #workers tr[data-status='healthy']").count() == 1
     olga.shot("dashboard")
+    olga.go("/admin/console/budgets/")
+    assert olga.page.locator(f"#budget-list tr[data-budget='{budget.pk}'] .usage-row[data-what='spend']").get_attribute(
+        "data-used"
+    ) == str(settled)
+    olga.shot("budgets")
+    olga.go("/admin/console/jobs/?queue=default")
+    assert olga.page.locator("#job-list tr[data-job]").count() == 14
+    olga.shot("jobs")
