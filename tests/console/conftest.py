@@ -29,8 +29,9 @@ def make_user(username: str, *groups: str, staff: bool = True) -> User:
 
 
 def ensure_roles() -> None:
-    """Re-run the roles migration's own code: a transactional test's flush empties auth_group."""
+    """Re-run the roles migrations' own code: a transactional test's flush empties auth_group."""
     importlib.import_module("console.migrations.0001_roles").create_roles(apps, None)
+    importlib.import_module("console.migrations.0002_safety_layer_roles").grant(apps, None)
 
 
 @pytest.fixture

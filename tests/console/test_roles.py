@@ -24,3 +24,14 @@ def test_migrate_creates_operators_reviewers_and_auditors() -> None:
         assert {"view_job", "view_attempt", "view_workerprocess"} <= codenames(group, "workers")
         assert "view_auditevent" in codenames(group, "koala")
     assert set(Group.objects.values_list("name", flat=True)) >= {"operators", "reviewers", "auditors"}
+
+
+def test_roles_read_the_safety_layer_and_only_operators_edit_budgets_and_prices() -> None:
+    for group in ("operators", "reviewers", "auditors"):
+        assert {"view_operation", "view_budget", "view_budgetusage", "view_modelprice", "view_pause"} <= codenames(
+            group, "workers"
+        )
+        assert "view_reviewrequest" in codenames(group, "reviews")
+    assert {"add_budget", "change_budget", "add_modelprice", "change_modelprice"} <= codenames("operators", "workers")
+    for group in ("reviewers", "auditors"):
+        assert not {"add_budget", "change_budget", "change_modelprice"} & codenames(group, "workers")
