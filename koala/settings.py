@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import environ
+from django.conf import global_settings
 
 from koala import env
 from koala.env import ConfigError
@@ -68,7 +69,9 @@ try:
     # How long a reviewer has to decide, and how long an approval stays usable.
     KOALA_REVIEW_TTL_SECONDS = env.number("KOALA_REVIEW_TTL_SECONDS", 86400.0, minimum=1.0)
     KOALA_APPROVAL_TTL_SECONDS = env.number("KOALA_APPROVAL_TTL_SECONDS", 3600.0, minimum=1.0)
-    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "workers.effect_kinds"])
+    KOALA_JOB_KIND_MODULES = env.string_list(
+        "KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "workers.effect_kinds", "exports.jobs"]
+    )
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
@@ -78,6 +81,17 @@ try:
     KOALA_STUCK_AFTER_SECONDS = env.number("KOALA_STUCK_AFTER_SECONDS", 300.0, minimum=1.0)
     KOALA_CRASH_LOOP_STARTS = env.integer("KOALA_CRASH_LOOP_STARTS", 3, minimum=2)
     KOALA_CRASH_LOOP_WINDOW_SECONDS = env.number("KOALA_CRASH_LOOP_WINDOW_SECONDS", 600.0, minimum=10.0)
+    # CSV exports (docs/exports.md). The caps bound what any request may ask for; a request
+    # beyond them is refused, and an export that crosses its own limits stops with a terminal reason.
+    KOALA_EXPORT_ROOT = Path(
+        env.string("KOALA_EXPORT_ROOT", "")
+        or Path(env.string("KOALA_DATA_DIR", "") or BASE_DIR / ".koala-data") / "exports"
+    )
+    KOALA_EXPORT_MAX_ROWS = env.integer("KOALA_EXPORT_MAX_ROWS", 10_000_000, minimum=1)
+    KOALA_EXPORT_MAX_BYTES = env.integer("KOALA_EXPORT_MAX_BYTES", 4 * 1024**3, minimum=1)
+    KOALA_EXPORT_MAX_SECONDS = env.number("KOALA_EXPORT_MAX_SECONDS", 3600.0, minimum=1.0)
+    KOALA_EXPORT_MAX_DAYS = env.integer("KOALA_EXPORT_MAX_DAYS", 366, minimum=1)
+    KOALA_EXPORT_BATCH_ROWS = env.integer("KOALA_EXPORT_BATCH_ROWS", 20_000, minimum=1)
     for _pattern in KOALA_REDACT_EXTRA_PATTERNS:
         try:
             re.compile(_pattern)
@@ -149,6 +163,7 @@ INSTALLED_APPS = [
     "workers",
     "reviews",
     "console",
+    "exports",
 ]
 
 MIDDLEWARE = [
@@ -221,7 +236,18 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1} for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk"])
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
+    for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk", "exports"])
+}
+
+# Export objects go to the "exports" storage: the local folder KOALA_EXPORT_ROOT by default;
+# point its BACKEND at storages.backends.s3.S3Storage (django-storages) for S3 (docs/exports.md).
+STORAGES = {
+    **global_settings.STORAGES,
+    "exports": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(KOALA_EXPORT_ROOT), "file_permissions_mode": 0o600, "directory_permissions_mode": 0o700},
+    },
 }
 
 TASKS = {"default": {"BACKEND": "workers.tasks_backend.KoalaTaskBackend", "QUEUES": list(RQ_QUEUES)}}

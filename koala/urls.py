@@ -15,4 +15,5 @@ urlpatterns = [
     path("admin/console/reviews/", include("reviews.urls")),
     path("admin/console/", include("console.urls")),
     path("admin/", admin.site.urls),
+    path("exports/", include("exports.urls")),
 ]

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import json
+from datetime import date
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from exports.errors import ExportError
+from exports.models import Account, Export
+from exports.services import cancel_export, describe, get_export, remove_stale_temp_objects, request_export, settle_exports
+
+
+def _date(text: str, option: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"{option} {text!r} is not a date (YYYY-MM-DD).") from None
+
+
+def _user(username: str) -> User:
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"user {username!r} does not exist.")
+    return user
+
+
+class Command(BaseCommand):
+    help = (
+        "Request, inspect and cancel CSV exports. Every action runs as --user and is refused when "
+        "that user may not see the account. `create` prints the new export's id."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="request an export (queued for a worker on the exports queue)")
+        create.add_argument("--user", required=True, help="who requests it (must be a member of the account)")
+        create.add_argument("--account", required=True, help="account slug, e.g. acme")
+        create.add_argument("--from", dest="date_from", required=True, help="first day, YYYY-MM-DD (UTC)")
+        create.add_argument("--to", dest="date_to", required=True, help="last day, inclusive, YYYY-MM-DD (UTC)")
+        create.add_argument("--format", default="csv", help="output format (csv)")
+        create.add_argument("--max-rows", type=int, default=None, help="stop (terminally) beyond this many rows")
+        create.add_argument("--max-bytes", type=int, default=None, help="stop (terminally) beyond this many bytes")
+        create.add_argument("--time-limit", type=float, default=None, help="seconds per attempt before it stops")
+        show = sub.add_parser("show", help="print an export's record as JSON")
+        show.add_argument("export_id", type=int)
+        show.add_argument("--user", required=True)
+        listing = sub.add_parser("list", help="the latest exports, one JSON object per line")
+        listing.add_argument("--limit", type=int, default=20)
+        cancel = sub.add_parser("cancel", help="cancel a queued or running export")
+        cancel.add_argument("export_id", type=int)
+        cancel.add_argument("--user", required=True)
+        cancel.add_argument("--reason", default="")
+        sub.add_parser("clean", help="delete temporary objects left by dead attempts of ended exports")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            getattr(self, f"_{options['action']}")(options)
+        except ExportError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _create(self, options: dict[str, Any]) -> None:
+        account = Account.objects.filter(slug=options["account"]).first()
+        if account is None:
+            raise CommandError(f"account {options['account']!r} does not exist.")
+        export = request_export(
+            user=_user(options["user"]),
+            account_id=account.pk,
+            date_from=_date(options["date_from"], "--from"),
+            date_to=_date(options["date_to"], "--to"),
+            format=options["format"],
+            max_rows=options["max_rows"],
+            max_bytes=options["max_bytes"],
+            time_limit_seconds=options["time_limit"],
+        )
+        self.stdout.write(str(export.pk))
+
+    def _show(self, options: dict[str, Any]) -> None:
+        export = get_export(export_id=options["export_id"], user=_user(options["user"]))
+        self.stdout.write(json.dumps(describe(export), indent=2))
+
+    def _list(self, options: dict[str, Any]) -> None:
+        # An operator's view (like koala_jobs): records only, no customer data.
+        settle_exports()
+        for export in Export.objects.select_related("account").order_by("-id")[: max(options["limit"], 1)]:
+            self.stdout.write(json.dumps(describe(export)))
+
+    def _cancel(self, options: dict[str, Any]) -> None:
+        export = cancel_export(export_id=options["export_id"], user=_user(options["user"]), reason=options["reason"])
+        self.stdout.write(f"export {export.pk} is {export.state}")
+
+    def _clean(self, options: dict[str, Any]) -> None:
+        self.stdout.write(f"removed {remove_stale_temp_objects()} temporary object(s)")

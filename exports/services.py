@@ -1,0 +1,284 @@
+"""Export services: the only code that creates, cancels or hands out exports.
+
+Views and commands parse input and call these. Every change writes its audit row in the
+same transaction; a person's download is audited too (a read of customer data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from typing import IO, Any
+
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import connection, transaction
+from django.utils import timezone
+
+from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportPermissionDenied
+from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
+from exports.storage import ExportStore, output_key_for
+from koala.audit import record_audit
+from workers.errors import JobStateError
+from workers.services.jobs import cancel_job, enqueue
+
+EXPORT_KIND = "export.csv"
+# Whoever asks: a signed-in user, or anonymous (refused everywhere).
+Person = User | AnonymousUser
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rows: int
+    max_bytes: int
+    time_limit_seconds: float
+
+
+@dataclass(frozen=True)
+class Download:
+    filename: str
+    handle: IO[bytes]
+    size: int
+    checksum: str
+
+
+def job_key_for(export_id: int) -> str:
+    """The export job's idempotency key: one job per export, and the prefix of its operation keys."""
+    return f"export-{export_id}"
+
+
+def can_access_account(*, user: Person, account: Account) -> bool:
+    """Superusers see every account; anyone else only the accounts they are a member of."""
+    if not user.is_authenticated or not user.is_active:
+        return False
+    if getattr(user, "is_superuser", False):
+        return True
+    return account.members.filter(pk=user.pk).exists()
+
+
+def grant_account_access(*, account_id: int, username: str, actor: str) -> Account:
+    """Make a user a member of an account (may request and download its exports)."""
+    account = Account.objects.filter(pk=account_id).first()
+    if account is None:
+        raise ExportNotFound(f"account {account_id} does not exist.")
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise ExportNotFound(f"user {username!r} does not exist.")
+    with transaction.atomic():
+        account.members.add(user)
+        record_audit(
+            actor=actor, action="export.grant_access", target_type="account", target_id=account.slug, details={"user": username}
+        )
+    return account
+
+
+def _username(user: Person) -> str:
+    return user.get_username() if user.is_authenticated else "anonymous"
+
+
+def check_scope(*, date_from: date, date_to: date, format: str) -> None:
+    """The parts of a request that do not depend on who asks: format and date range."""
+    if format not in ExportFormat.values:
+        raise ExportError(f"unsupported export format {format!r}; supported: {', '.join(ExportFormat.values)}.")
+    if date_to < date_from:
+        raise ExportError(f"the date range ends ({date_to}) before it starts ({date_from}).")
+    days = (date_to - date_from).days + 1
+    if days > settings.KOALA_EXPORT_MAX_DAYS:
+        raise ExportError(
+            f"the date range spans {days} days; the limit is {settings.KOALA_EXPORT_MAX_DAYS} days (KOALA_EXPORT_MAX_DAYS)."
+        )
+
+
+def resolve_limits(*, max_rows: int | None, max_bytes: int | None, time_limit_seconds: float | None) -> Limits:
+    """The request's limits, defaulting to and bounded by the KOALA_EXPORT_MAX_* caps."""
+    caps = Limits(settings.KOALA_EXPORT_MAX_ROWS, settings.KOALA_EXPORT_MAX_BYTES, settings.KOALA_EXPORT_MAX_SECONDS)
+    chosen = Limits(
+        max_rows if max_rows is not None else caps.max_rows,
+        max_bytes if max_bytes is not None else caps.max_bytes,
+        time_limit_seconds if time_limit_seconds is not None else caps.time_limit_seconds,
+    )
+    for name, value, cap in (
+        ("max_rows", chosen.max_rows, caps.max_rows),
+        ("max_bytes", chosen.max_bytes, caps.max_bytes),
+        ("time_limit_seconds", chosen.time_limit_seconds, caps.time_limit_seconds),
+    ):
+        if value <= 0:
+            raise ExportError(f"{name} must be positive.")
+        if value > cap:
+            raise ExportError(f"{name}={value:g} is beyond the limit of {cap:g}.")
+    return chosen
+
+
+def request_export(
+    *,
+    user: Person,
+    account_id: int,
+    date_from: date,
+    date_to: date,
+    format: str = ExportFormat.CSV,
+    max_rows: int | None = None,
+    max_bytes: int | None = None,
+    time_limit_seconds: float | None = None,
+) -> Export:
+    """Create an export and its job (one transaction). The job's input is the export id alone."""
+    account = Account.objects.filter(pk=account_id).first()
+    if account is None:
+        raise ExportNotFound(f"account {account_id} does not exist.")
+    if not can_access_account(user=user, account=account):
+        # Said before anything about the scope, so a refusal tells an outsider nothing more.
+        raise ExportPermissionDenied(f"{_username(user)} may not export data of account {account.slug}.")
+    check_scope(date_from=date_from, date_to=date_to, format=format)
+    limits = resolve_limits(max_rows=max_rows, max_bytes=max_bytes, time_limit_seconds=time_limit_seconds)
+    actor = _username(user)
+    with transaction.atomic():
+        export = Export.objects.create(
+            account=account,
+            date_from=date_from,
+            date_to=date_to,
+            format=format,
+            requested_by=user if user.is_authenticated else None,
+            requested_by_name=actor,
+            max_rows=limits.max_rows,
+            max_bytes=limits.max_bytes,
+            time_limit_seconds=limits.time_limit_seconds,
+        )
+        job = enqueue(kind=EXPORT_KIND, input={"export_id": export.pk}, idempotency_key=job_key_for(export.pk), created_by=actor)
+        # The output key follows from the id, so every attempt aims at the same object.
+        export.job_id, export.output_key = job.job_id, output_key_for(export.pk)
+        Export.objects.filter(pk=export.pk).update(job_id=export.job_id, output_key=export.output_key)
+        record_audit(
+            actor=actor,
+            action="export.request",
+            target_type="export",
+            target_id=export.pk,
+            details={
+                "account": account.slug,
+                "date_from": str(date_from),
+                "date_to": str(date_to),
+                "format": format,
+                "max_rows": limits.max_rows,
+                "max_bytes": limits.max_bytes,
+                "time_limit_seconds": limits.time_limit_seconds,
+                "job": job.job_id,
+            },
+        )
+    return export
+
+
+def get_export(*, export_id: int, user: Person) -> Export:
+    """An export the user may see, with its state brought up to date with its job."""
+    settle_exports(export_ids=[export_id])
+    export = Export.objects.select_related("account").filter(pk=export_id).first()
+    if export is None:
+        raise ExportNotFound(f"export {export_id} does not exist.")
+    if not can_access_account(user=user, account=export.account):
+        raise ExportPermissionDenied(f"{_username(user)} may not see exports of account {export.account.slug}.")
+    return export
+
+
+def cancel_export(*, export_id: int, user: Person, reason: str = "") -> Export:
+    """Cancel a queued or running export and its job together. A running body stops at its next
+    batch boundary after the heartbeat tells it; nothing it wrote is published."""
+    actor = _username(user)
+    with transaction.atomic():
+        export = get_export(export_id=export_id, user=user)
+        locked = Export.objects.select_for_update().get(pk=export.pk)
+        if locked.is_terminal:
+            raise ExportError(f"export {export_id} is already {locked.state}; terminal states never change.")
+        if locked.job_id is not None:
+            try:
+                cancel_job(job_id=locked.job_id, actor=actor, reason=reason or f"export {export_id} cancelled")
+            except JobStateError:
+                pass  # the job ended meanwhile (its outcome is settled into the export below)
+        Export.objects.filter(pk=locked.pk, state__in=[ExportState.QUEUED, ExportState.RUNNING]).update(
+            state=ExportState.CANCELLED, failure_code="", error_message=reason[:500], finished_at=timezone.now()
+        )
+        record_audit(
+            actor=actor, action="export.cancel", target_type="export", target_id=export_id, details={"reason": reason[:200]}
+        )
+    settle_exports(export_ids=[export_id])
+    return Export.objects.get(pk=export_id)
+
+
+def open_download(*, export_id: int, user: Person) -> Download:
+    """The published object of a succeeded export, for a user allowed to see its account."""
+    export = get_export(export_id=export_id, user=user)
+    if export.state != ExportState.SUCCEEDED:
+        raise ExportNotReady(f"export {export_id} is {export.state}; only a succeeded export can be downloaded.")
+    handle = ExportStore().open_final(export.output_key)
+    record_audit(
+        actor=_username(user),
+        action="export.download",
+        target_type="export",
+        target_id=export_id,
+        details={"account": export.account.slug, "bytes": export.bytes, "sha256": export.checksum},
+    )
+    return Download(
+        filename=f"{export.account.slug}-{export.date_from}-{export.date_to}-export-{export.pk}.csv",
+        handle=handle,
+        size=export.bytes or 0,
+        checksum=export.checksum,
+    )
+
+
+def settle_exports(*, export_ids: list[int] | None = None) -> int:
+    """Copy outcomes the engine decided on its own (attempts exhausted, orphaned, a job cancelled
+    with koala_cancel) into their exports. One conditional UPDATE; safe to run anywhere, any time."""
+    only = "AND e.id = ANY(%(ids)s)" if export_ids is not None else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE exports_export e
+            SET state = j.state,
+                failure_code = CASE WHEN j.state = 'failed' THEN COALESCE(j.failure_reason, 'failed') ELSE '' END,
+                error_message = LEFT(j.error_message, 500),
+                finished_at = COALESCE(j.finished_at, now()),
+                updated_at = now()
+            FROM workers_job j
+            WHERE e.job_id = j.id AND e.state IN ('queued', 'running') AND j.state IN ('failed', 'cancelled') {only}
+            """,
+            {"ids": export_ids},
+        )
+        return cursor.rowcount
+
+
+def remove_stale_temp_objects(*, export_ids: list[int] | None = None) -> int:
+    """Delete temporary objects of exports that have ended (a killed attempt of a cancelled or
+    failed export leaves its temporary file behind; running exports clean their own)."""
+    settle_exports(export_ids=export_ids)
+    store = ExportStore()
+    removed = 0
+    ended = Export.objects.filter(state__in=EXPORT_TERMINAL_STATES)
+    if export_ids is not None:
+        ended = ended.filter(pk__in=export_ids)
+    for export_id in ended.values_list("pk", flat=True).iterator():
+        for key in store.temp_keys(export_id):
+            store.delete(key)
+            removed += 1
+    return removed
+
+
+def describe(export: Export) -> dict[str, Any]:
+    """What people see of an export: no customer data, only the record."""
+    return {
+        "id": export.pk,
+        "account": export.account.slug,
+        "date_from": str(export.date_from),
+        "date_to": str(export.date_to),
+        "format": export.format,
+        "state": export.state,
+        "failure_code": export.failure_code,
+        "error": export.error_message,
+        "rows": export.row_count,
+        "bytes": export.bytes,
+        "sha256": export.checksum,
+        "output_key": export.output_key,
+        "attempts": export.attempts,
+        "compute_seconds": export.compute_seconds,
+        "db_wait_seconds": export.db_wait_seconds,
+        "storage_wait_seconds": export.storage_wait_seconds,
+        "job": export.job_id,
+        "requested_by": export.requested_by_name,
+        "created_at": export.created_at.isoformat() if export.created_at else None,
+        "finished_at": export.finished_at.isoformat() if export.finished_at else None,
+    }

@@ -1,0 +1,223 @@
+"""Streaming rows out of PostgreSQL at COPY speed, in bounded batches.
+
+One ``COPY (SELECT …) TO STDOUT`` runs on a dedicated, read-only connection (one statement,
+so one snapshot). libpq hands over exactly one row per ``PQgetCopyData`` call, so batch
+boundaries are row counts: after every ``batch_rows`` rows the caller hashes and writes the
+batch, heartbeats, and checks cancellation and limits. Memory stays at one batch.
+
+Why psycopg's low-level ``pq`` API rather than ``cursor.copy()``: the high-level iterator
+costs about 1.3 µs of Python per row, which made the client, not the database, the
+bottleneck (docs/exports.md has the measurements). Here a row costs one C call and a list
+append; the connection is non-blocking and we wait in ``select()``, which releases the GIL
+(so the heartbeat thread keeps running) and is exactly the "database wait" of the timing split.
+"""
+
+from __future__ import annotations
+
+import gc
+import select
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from django.db import connection
+from psycopg import errors, pq
+
+Waiting = Callable[[str], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    data: bytes
+    rows: int  # data rows in this batch (the CSV header line is not a row)
+
+
+class StreamError(Exception):
+    """The database ended the COPY with an error (carries the SQLSTATE)."""
+
+    def __init__(self, message: str, *, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+    @property
+    def timed_out(self) -> bool:
+        return self.sqlstate == errors.QueryCanceled.sqlstate
+
+
+def connection_params() -> dict[str, Any]:
+    """Django's parameters for the default database, for a connection of our own."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    return params
+
+
+class CopyReader:
+    """Reads one ``COPY … TO STDOUT`` in batches of ``batch_rows`` rows.
+
+    ``header`` says whether the statement's first line is a CSV header (not counted as a row).
+    ``waiting("db")`` wraps every wait for the server, for the caller's timing split.
+    ``session`` holds settings for the connection (time zone, date style: the output's format).
+    ``connection``: run on this one (its session and transaction) instead of a new one; the
+    caller keeps it open and owns it (used to compare keyset batches in one snapshot).
+    """
+
+    def __init__(
+        self,
+        *,
+        statement: str,
+        params: dict[str, Any] | tuple[Any, ...] | None = None,
+        batch_rows: int,
+        waiting: Waiting,
+        header: bool = True,
+        statement_timeout_seconds: float | None = None,
+        session: dict[str, str] | None = None,
+        application_name: str = "koala-export",
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> None:
+        if batch_rows < 1:
+            raise ValueError("batch_rows must be at least 1")
+        self._statement = statement
+        self._params = params
+        self._batch_rows = batch_rows
+        self._waiting = waiting
+        self._header = header
+        self._timeout = statement_timeout_seconds
+        self._session = dict(session or {})
+        self._application_name = application_name
+        self._conn: psycopg.Connection[Any] | None = None
+        self._borrowed = connection
+        self._finished = False
+        self._collector_paused = False
+
+    def __enter__(self) -> CopyReader:
+        with self._waiting("db"):
+            self._conn = conn = self._borrowed or self._connect()
+            try:
+                with psycopg.ClientCursor(conn) as cursor:
+                    # COPY takes no bind parameters: values are quoted client-side by psycopg.
+                    query = cursor.mogrify(self._statement, self._params)
+                pgconn = conn.pgconn
+                pgconn.nonblocking = 1
+                pgconn.send_query(query.encode())
+                while pgconn.flush():
+                    select.select([], [pgconn.socket], [])
+                self._await_result()
+                result = pgconn.get_result()
+                if result is None or result.status != pq.ExecStatus.COPY_OUT:
+                    self._finished = True  # nothing is streaming: no cancel needed
+                    raise _error(result, pgconn)
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        # Read-only by construction; the server stops the statement at the time limit even if it
+        # stalls before the first row (a batch boundary would never come). Sent as startup
+        # options: no extra round trip per setting.
+        settings = {"default_transaction_read_only": "on", **self._session}
+        if self._timeout is not None:
+            settings["statement_timeout"] = f"{max(int(self._timeout * 1000), 1)}ms"
+        params = connection_params()
+        options = [params.get("options", "")] + [f"-c {name}={_escape(value)}" for name, value in settings.items()]
+        params.update(application_name=self._application_name, options=" ".join(o for o in options if o))
+        return psycopg.connect(**params, autocommit=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._resume_collector()
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if not self._finished and not conn.closed:
+            # Stopped mid-stream (cancel, limit, error): tell the server to stop producing.
+            try:
+                conn.cancel_safe(timeout=2)
+            except (psycopg.Error, OSError):
+                pass
+        if conn is self._borrowed:
+            if not conn.closed:
+                conn.pgconn.nonblocking = 0
+            return
+        conn.close()
+
+    def _await_result(self) -> None:
+        assert self._conn is not None
+        pgconn = self._conn.pgconn
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                return
+            select.select([pgconn.socket], [], [])
+
+    def batches(self) -> Iterator[Batch]:
+        assert self._conn is not None, "use CopyReader as a context manager"
+        pgconn = self._conn.pgconn
+        get = pgconn.get_copy_data
+        sock = pgconn.socket
+        size = self._batch_rows
+        skip = 1 if self._header else 0
+        limit = size + skip
+        buffer: list[memoryview] = []
+        append = buffer.append
+        self._pause_collector()
+        while True:
+            nbytes, data = get(1)
+            if nbytes > 0:  # the hot path: one row, no other work
+                append(data)
+                if len(buffer) >= limit:
+                    yield Batch(data=b"".join(buffer), rows=len(buffer) - skip)
+                    buffer.clear()
+                    skip, limit = 0, size
+                continue
+            if nbytes == 0:  # nothing buffered: wait for the server
+                with self._waiting("db"):
+                    select.select([sock], [], [])
+                    pgconn.consume_input()
+                continue
+            break  # -1: the COPY is complete; -2: an error, reported by the final result
+        self._resume_collector()
+        with self._waiting("db"):
+            self._await_result()
+            result = pgconn.get_result()
+            while pgconn.get_result() is not None:
+                pass
+        if result is None or result.status != pq.ExecStatus.COMMAND_OK:
+            raise _error(result, pgconn)
+        self._finished = True
+        if buffer:  # the last, shorter batch (or the header alone: an empty export)
+            yield Batch(data=b"".join(buffer), rows=len(buffer) - skip)
+
+    # A batch holds tens of thousands of row views, each a GC-tracked object. With the cyclic
+    # collector on, they trigger full collections over the whole worker heap (Django and all)
+    # many times per million rows: ~40% of the throughput (docs/exports.md). The read loop
+    # creates no reference cycles, so the collector is paused while the COPY is read and
+    # resumed when it ends or the reader is closed, whichever comes first.
+    def _pause_collector(self) -> None:
+        if gc.isenabled():
+            gc.disable()
+            self._collector_paused = True
+
+    def _resume_collector(self) -> None:
+        if self._collector_paused:
+            self._collector_paused = False
+            gc.enable()
+
+
+def _escape(value: str) -> str:
+    """A value inside libpq's ``options``: spaces and backslashes are backslash-escaped."""
+    return value.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
+def _error(result: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> Exception:
+    if pgconn.status == pq.ConnStatus.BAD:
+        return psycopg.OperationalError(f"the database connection was lost: {pgconn.get_error_message()}")
+    if result is None:
+        return psycopg.OperationalError("the COPY ended without a result")
+    sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE)
+    message = (result.error_message or b"").decode("utf-8", "replace").strip() or "COPY failed"
+    return StreamError(message, sqlstate=sqlstate.decode() if sqlstate else None)
