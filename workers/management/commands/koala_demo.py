@@ -10,6 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
 from workers import kinds
+from workers.models import Budget, ModelPrice
+from workers.services import budgets
 from workers.services.jobs import JobSpec, enqueue_many
 
 
@@ -48,9 +50,24 @@ class Command(BaseCommand):
             JobSpec(kind="sleep", input={"seconds": 1}, idempotency_key="demo-delayed", delay_seconds=30),
         ]
         specs += self.effect_specs()
+        self.seed_safety()
         results = enqueue_many(specs=specs, created_by="koala_demo")
         created = sum(r.created for r in results)
         self.stdout.write(f"Demo jobs: {created} new, {len(results) - created} already present")
+
+    def seed_safety(self) -> None:
+        """A price for the demo model and a daily budget, so cost and limits show from the start."""
+        if not ModelPrice.objects.filter(model="m-small").exists():
+            budgets.set_model_price(model="m-small", input_minor_per_mtok=300, output_minor_per_mtok=1500, actor="koala_demo")
+        if not Budget.objects.filter(name="demo-daily").exists():
+            budgets.create_budget(
+                name="demo-daily",
+                scope="global",
+                timezone="Europe/Paris",
+                spend_limit_minor=50_000,
+                request_limit=1_000,
+                actor="koala_demo",
+            )
 
     def effect_specs(self) -> list[JobSpec]:
         """The side-effect kinds, for the providers that are configured (docs/effects.md).

@@ -20,11 +20,13 @@ import ctypes
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -62,6 +64,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class Command(BaseCommand):
     help = "Run the local demo: migrate, koala_demo, then runserver + koala_worker + koala_beat until Ctrl-C."
     # Checks run in handle(), once DEBUG is settled (koala.E001 refuses the dev SECRET_KEY without it).
@@ -71,12 +79,31 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="address for the web server (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8000, help="port for the web server (default 8000)")
         parser.add_argument("--no-demo", action="store_true", help="skip koala_demo (admin user and demo jobs)")
+        parser.add_argument(
+            "--no-sandbox",
+            action="store_true",
+            help="do not start the sandbox payment/model provider (started when KOALA_PAYMENTS_URL and "
+            "KOALA_MODELS_URL are both unset, so the demo's orders, charges and model calls have somewhere to go)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         debug_configured = "DEBUG" in os.environ or "DEBUG_FILE" in os.environ
-        if not debug_configured and sys.argv[1:2] == ["koala_run"]:
-            os.environ["DEBUG"] = "true"
-            self.stderr.write("koala_run: DEBUG is not set; using DEBUG=true for this local demo")
+        wants_sandbox = (
+            not options["no_sandbox"]
+            and "KOALA_SANDBOX_PORT" not in os.environ
+            and not (settings.KOALA_PAYMENTS_URL or settings.KOALA_MODELS_URL)
+        )
+        if (wants_sandbox or not debug_configured) and sys.argv[1:2] == ["koala_run"]:
+            if not debug_configured:
+                os.environ["DEBUG"] = "true"
+                self.stderr.write("koala_run: DEBUG is not set; using DEBUG=true for this local demo")
+            if wants_sandbox:
+                # Settings are read at start-up, so the provider's address goes into the environment
+                # and this command starts again with it (as do the worker and beat it supervises).
+                port = str(_free_port())
+                os.environ["KOALA_SANDBOX_PORT"] = port
+                os.environ["KOALA_PAYMENTS_URL"] = os.environ["KOALA_MODELS_URL"] = f"http://127.0.0.1:{port}"
+                self.stderr.write(f"koala_run: sandbox payment/model provider on http://127.0.0.1:{port} (--no-sandbox to skip)")
             sys.stdout.flush()
             sys.stderr.flush()
             manage_py = str(settings.BASE_DIR / "manage.py")
@@ -103,6 +130,19 @@ class Command(BaseCommand):
             Child("worker", [*manage, "koala_worker"]),
             Child("beat", [*manage, "koala_beat"]),
         ]
+        sandbox_port = os.environ.get("KOALA_SANDBOX_PORT")
+        if sandbox_port and not options["no_sandbox"]:
+            # The test suite's loopback provider (idempotency keys, lookups by key), standing in for
+            # a real payment and model API so the demo's charges and model calls complete.
+            state = Path(os.environ.get("KOALA_DATA_DIR") or settings.BASE_DIR / ".koala-data") / "sandbox-provider.jsonl"
+            state.parent.mkdir(parents=True, exist_ok=True)
+            children.insert(
+                0,
+                Child(
+                    "sandbox",
+                    [sys.executable, "-m", "tests.fakes.provider", "--port", sandbox_port, "--state", str(state)],
+                ),
+            )
         grace = max(MIN_GRACE_SECONDS, float(getattr(settings, "KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0)) + 5.0)
         failure = Supervisor(self, children, env, grace).run(address)
         if failure:
