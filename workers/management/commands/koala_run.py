@@ -17,6 +17,7 @@ files.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import selectors
 import signal
@@ -92,6 +93,7 @@ class Command(BaseCommand):
             not options["no_sandbox"]
             and "KOALA_SANDBOX_PORT" not in os.environ
             and not (settings.KOALA_PAYMENTS_URL or settings.KOALA_MODELS_URL)
+            and importlib.util.find_spec("tests.fakes.provider") is not None  # a checkout, not a slim deploy
         )
         if (wants_sandbox or not debug_configured) and sys.argv[1:2] == ["koala_run"]:
             if not debug_configured:
