@@ -8,6 +8,7 @@ from typing import Any
 from django import template
 from django.http import HttpRequest
 
+from koala.redaction import redact_text
 from workers.services.pauses import active_pauses
 
 register = template.Library()
@@ -58,6 +59,13 @@ def share(used: float, limit: float | None) -> float:
     if not limit:
         return 0.0
     return min(100.0, round(100 * float(used) / float(limit), 1))
+
+
+@register.filter
+def redacted(value: object) -> str:
+    """Free text and identifiers (keys, targets, comments) pass the redaction layer again on
+    the way out, so a credential-shaped value someone put in a key is masked on the page too."""
+    return "" if value is None else redact_text(str(value), limit=2_000)
 
 
 @register.filter

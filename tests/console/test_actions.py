@@ -122,3 +122,10 @@ def test_bulk_with_an_invalid_filter_changes_nothing(clients: dict[str, Client],
     )
     assert "filter is invalid" in response.content.decode()
     assert set(Job.objects.filter(pk__in=jobs).values_list("state", flat=True)) == {"queued"}
+
+
+def test_identifiers_shown_on_pages_pass_the_redaction_layer(clients: dict[str, Client], redis_clean: None) -> None:
+    token = "tok_live_abcdefgh12345678"  # credential-shaped: the redaction layer masks it
+    job_id = enqueue(kind="noop", input={"note": f"see {token}"}, idempotency_key=f"import-{token}").job_id
+    html = clients["auditor"].get(f"/admin/console/jobs/{job_id}/").content.decode()
+    assert token not in html and "import-[redacted]" in html
