@@ -96,7 +96,7 @@ class ExportAttempt:
             staged = self._resume(export)
             resumed = staged is not None
             if staged is None:
-                self._clean_temps(keep=None)
+                self._clean_temps()
                 staged = self._stream(export)
                 self._fenced(
                     staged_key=staged.key, staged_checksum=staged.sha256, staged_bytes=staged.bytes, staged_rows=staged.rows
@@ -105,7 +105,7 @@ class ExportAttempt:
             self._phase("staged")
             self._publish(export, staged, verify=resumed)
             self._phase("published")
-            self._clean_temps(keep=None)
+            self._clean_temps()
             self._complete(staged)
             self._phase("completed")
             return self._result(export.output_key or output_key_for(export.pk), staged.sha256, staged.bytes, staged.rows)
@@ -334,7 +334,7 @@ class ExportAttempt:
             )
         except Exception:  # stale or unreachable: the job's own record says what happened
             return
-        self._clean_temps(keep=None)
+        self._clean_temps()
 
     def _last_attempt_gives_up(self, exc: Retryable) -> None:
         if self.ctx.attempt >= self.ctx.lease.max_attempts:
@@ -357,10 +357,11 @@ class ExportAttempt:
         self.ctx.heartbeat()  # raises StaleAttempt with the engine's reason if the lease is gone
         raise TerminalFailure(f"export {self.export_id} is no longer queued or running", code="export_not_active")
 
-    def _clean_temps(self, *, keep: str | None) -> None:
+    def _clean_temps(self) -> None:
+        """Delete temporary objects of dead attempts (and a staged one that is no longer needed)."""
         with self.ctx.waiting("storage"):
             for key in self.store.temp_keys(self.export_id):
-                if key != keep and key != self.own_temp:
+                if key != self.own_temp:
                     self.store.delete(key)
 
     def _quietly_delete(self, key: str) -> None:

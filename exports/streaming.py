@@ -6,8 +6,9 @@ boundaries are row counts: after every ``batch_rows`` rows the caller hashes and
 batch, heartbeats, and checks cancellation and limits. Memory stays at one batch.
 
 Why psycopg's low-level ``pq`` API rather than ``cursor.copy()``: the high-level iterator
-costs about 1.3 µs of Python per row, which made the client, not the database, the
-bottleneck (docs/exports.md has the measurements). Here a row costs one C call and a list
+cost about 1.3 µs of Python per row (its generator machinery, and garbage collection, see
+below), which made the client, not the database, the bottleneck (docs/exports.md has the
+measurements). Here a row costs one C call and a list
 append; the connection is non-blocking and we wait in ``select()``, which releases the GIL
 (so the heartbeat thread keeps running) and is exactly the "database wait" of the timing split.
 """
@@ -194,9 +195,10 @@ class CopyReader:
 
     # A batch holds tens of thousands of row views, each a GC-tracked object. With the cyclic
     # collector on, they trigger full collections over the whole worker heap (Django and all)
-    # many times per million rows: ~40% of the throughput (docs/exports.md). The read loop
-    # creates no reference cycles, so the collector is paused while the COPY is read and
-    # resumed when it ends or the reader is closed, whichever comes first.
+    # many times per million rows (about half the read time, docs/exports.md). The read loop
+    # creates no reference cycles (nor does the export's per-batch work, which runs while the
+    # generator is suspended), so the collector is paused while the COPY is read and resumed
+    # when it ends or the reader is closed, whichever comes first.
     def _pause_collector(self) -> None:
         if gc.isenabled():
             gc.disable()

@@ -208,3 +208,23 @@ def test_clean_removes_temp_objects_of_ended_exports_only(people: People, export
     assert out.getvalue().strip() == "removed 1 temporary object(s)"
     assert not any((export_root / "tmp" / str(ended.pk)).iterdir())
     assert any((export_root / "tmp" / str(running.pk)).iterdir()), "a running export's temp file is its attempt's"
+
+
+def test_failed_export_stays_inspectable_in_the_admin_without_customer_data(
+    people: People, export_root: Path, redis_clean: None
+) -> None:
+    load_events(people.acme, rows=3_000)
+    failed = drain_exports(request(people, max_rows=1_000).pk)
+    done = drain_exports(request(people).pk)
+    client = Client()
+    client.force_login(people.root)
+    listing = client.get("/admin/exports/export/")
+    page = client.get(f"/admin/exports/export/{failed.pk}/change/")
+    assert listing.status_code == 200 and page.status_code == 200
+    html = page.content.decode()
+    assert "row_limit_exceeded" in html and "more than its limit of 1000 rows" in html
+    assert "u-0" not in html and "coupon" not in html, "an export record never shows the exported rows"
+    assert reverse("exports:download", args=[done.pk]) in client.get(f"/admin/exports/export/{done.pk}/change/").content.decode()
+    # Read-only: changes go through the services.
+    assert client.post(f"/admin/exports/export/{failed.pk}/change/", {"state": "succeeded"}).status_code == 403
+    assert Export.objects.get(pk=failed.pk).state == ExportState.FAILED

@@ -65,11 +65,12 @@ def finished(export_id: int, timeout: float = 60) -> Export:
 
 
 # Test 2 ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("phase", ["object_written", "published"])
+@pytest.mark.parametrize("phase", ["staged", "object_written", "published"])
 def test_kill_9_after_the_object_is_written_before_completion(
     people: People, export_root: Path, processes: Processes, export_env: dict[str, str], faults: Faults, phase: str
 ) -> None:
-    """object_written: the final object exists, the ledger still says in_flight (reconcile finds it).
+    """staged: the complete temp object is named on the export row, nothing is published yet.
+    object_written: the final object exists, the ledger still says in_flight (reconcile finds it).
     published: the ledger says succeeded, the export row does not (the stored result is reused)."""
     load_events(people.acme, rows=50_000)
     faults.set(pause_at=phase, pause_attempts=[1], pause_seconds=60)
@@ -77,7 +78,10 @@ def test_kill_9_after_the_object_is_written_before_completion(
     export = request(people)
 
     pid = wait_phase(faults, export.pk, 1, phase)
-    assert [p.name for p in published(export_root)] == [f"export-{export.pk}.csv"], "the object is written"
+    if phase == "staged":
+        assert published(export_root) == [] and len(temp_files(export_root)) == 1
+    else:
+        assert [p.name for p in published(export_root)] == [f"export-{export.pk}.csv"], "the object is written"
     assert Export.objects.get(pk=export.pk).state == ExportState.RUNNING, "…and the completion is not"
     os.kill(pid, signal.SIGKILL)
 
@@ -95,6 +99,7 @@ def test_kill_9_after_the_object_is_written_before_completion(
     assert [p for p in phases if p[1] == "completed"] == [(2, "completed")], "the export completed once"
     op = Operation.objects.get(job_id=done.job_id)
     assert op.state == ("reconciled" if phase == "object_written" else "succeeded")
+    assert op.attempts == 1, "published once: by attempt 1, or (staged) by attempt 2"
     assert op.params["sha256"] == done.checksum
 
 
