@@ -146,6 +146,8 @@ class Job(models.Model):
             models.Index(fields=["park_reason", "parked_at"], condition=Q(state=JobState.PARKED), name="job_parked_idx"),
             models.Index(fields=["kind", "state", "-created_at"], name="job_kind_state_created_idx"),
             models.Index(fields=["queue", "state", "-created_at"], name="job_queue_state_created_idx"),
+            # The dashboard's completions/error rate and hourly charts: WHERE finished_at >= now() - 1 day.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="job_finished_idx"),
         ]
 
     def __str__(self) -> str:
@@ -186,7 +188,14 @@ class Attempt(models.Model):
                 name="attempt_finished_iff_outcome",
             ),
         ]
-        indexes = [models.Index(fields=["worker_id"], condition=Q(finished_at__isnull=True), name="attempt_live_worker_idx")]
+        indexes = [
+            models.Index(fields=["worker_id"], condition=Q(finished_at__isnull=True), name="attempt_live_worker_idx"),
+            # The dashboard: run-time percentiles and error charts by finished_at, queue wait by
+            # started_at, and each worker's last completed attempt.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="attempt_finished_idx"),
+            models.Index(fields=["started_at"], name="attempt_started_idx"),
+            models.Index(fields=["worker_id", "-finished_at"], name="attempt_worker_finished_idx"),
+        ]
         ordering = ["job_id", "number"]
 
     def __str__(self) -> str:

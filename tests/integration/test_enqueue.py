@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from koala.models import AuditEvent
 from workers import doorbell
@@ -113,3 +113,19 @@ def test_enqueue_survives_redis_being_down(settings) -> None:  # type: ignore[no
     finally:
         doorbell.reset_connection()
     assert Job.objects.get(pk=result.job_id).state == "queued"
+
+
+def test_a_large_batch_by_a_person_is_audited_with_every_id(redis_clean: None) -> None:
+    # Ids past six digits once overflowed the audit row's short target column.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT last_value FROM workers_job_id_seq")
+        (before,) = cursor.fetchone()
+        cursor.execute("SELECT setval('workers_job_id_seq', 9000000)")
+    try:
+        results = enqueue_many(specs=[JobSpec(kind="noop", input={"n": n}) for n in range(30)], created_by="alice")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setval('workers_job_id_seq', %s)", [before])
+    event = AuditEvent.objects.get(action="enqueue")
+    assert event.target_id == str(results[0].job_id)
+    assert event.details["job_ids"] == [r.job_id for r in results] and event.details["count"] == 30

@@ -166,8 +166,13 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
                 actor=created_by,
                 action="enqueue",
                 target_type="job",
-                target_id=",".join(str(r.job_id) for r in results[:20]) + ("…" if len(results) > 20 else ""),
-                details={"count": len(results), "kinds": sorted({s.kind for s in specs})},
+                # One job: its id. A batch: the first id (target_id is a short column); all ids in details.
+                target_id=str(results[0].job_id) if results else "",
+                details={
+                    "count": len(results),
+                    "kinds": sorted({s.kind for s in specs}),
+                    "job_ids": [r.job_id for r in results[:1000]],
+                },
             )
         to_ring: dict[str, list[tuple[int, int]]] = {}
         for result, row in zip(results, rows, strict=True):
