@@ -29,8 +29,8 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.db.models import Exists
-from django.db.models.functions import Now
+from django.db.models import Exists, F
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from exports.models import Export, ExportFormat, ExportState
@@ -92,7 +92,7 @@ class ExportAttempt:
             raise TerminalFailure(f"export {export.pk} is already {export.state}", code=f"export_{export.state}")
         try:
             self._authorize(export)
-            self._fenced(state=ExportState.RUNNING, attempts=export.attempts + 1, started_at=export.started_at or timezone.now())
+            self._fenced(state=ExportState.RUNNING, attempts=F("attempts") + 1, started_at=Coalesce("started_at", Now()))
             staged = self._resume(export)
             resumed = staged is not None
             if staged is None:

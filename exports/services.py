@@ -258,7 +258,13 @@ def remove_stale_temp_objects(*, export_ids: list[int] | None = None) -> int:
     return removed
 
 
-def describe(export: Export) -> dict[str, Any]:
+def latest_exports(*, limit: int = 20) -> list[Export]:
+    """The newest exports, their states brought up to date (an operator's list: records only)."""
+    settle_exports()
+    return list(Export.objects.select_related("account").order_by("-id")[: max(limit, 1)])
+
+
+def describe_export(*, export: Export) -> dict[str, Any]:
     """What people see of an export: no customer data, only the record."""
     return {
         "id": export.pk,

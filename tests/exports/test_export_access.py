@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 from datetime import date
 from pathlib import Path
@@ -190,6 +191,9 @@ def test_koala_export_command_creates_shows_and_cancels(people: People, export_r
     shown = io.StringIO()
     call_command("koala_export", "show", str(export_id), "--user", "alice", stdout=shown)
     assert '"state": "queued"' in shown.getvalue() and '"account": "acme"' in shown.getvalue()
+    listed = io.StringIO()
+    call_command("koala_export", "list", stdout=listed)
+    assert [json.loads(line)["id"] for line in listed.getvalue().splitlines()] == [export_id]
     cancelled = io.StringIO()
     call_command("koala_export", "cancel", str(export_id), "--user", "alice", stdout=cancelled)
     assert cancelled.getvalue().strip() == f"export {export_id} is cancelled"

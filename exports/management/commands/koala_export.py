@@ -8,8 +8,15 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from exports.errors import ExportError
-from exports.models import Account, Export
-from exports.services import cancel_export, describe, get_export, remove_stale_temp_objects, request_export, settle_exports
+from exports.models import Account
+from exports.services import (
+    cancel_export,
+    describe_export,
+    get_export,
+    latest_exports,
+    remove_stale_temp_objects,
+    request_export,
+)
 
 
 def _date(text: str, option: str) -> date:
@@ -78,13 +85,11 @@ class Command(BaseCommand):
 
     def _show(self, options: dict[str, Any]) -> None:
         export = get_export(export_id=options["export_id"], user=_user(options["user"]))
-        self.stdout.write(json.dumps(describe(export), indent=2))
+        self.stdout.write(json.dumps(describe_export(export=export), indent=2))
 
     def _list(self, options: dict[str, Any]) -> None:
-        # An operator's view (like koala_jobs): records only, no customer data.
-        settle_exports()
-        for export in Export.objects.select_related("account").order_by("-id")[: max(options["limit"], 1)]:
-            self.stdout.write(json.dumps(describe(export)))
+        for export in latest_exports(limit=options["limit"]):
+            self.stdout.write(json.dumps(describe_export(export=export)))
 
     def _cancel(self, options: dict[str, Any]) -> None:
         export = cancel_export(export_id=options["export_id"], user=_user(options["user"]), reason=options["reason"])
