@@ -7,7 +7,7 @@ same transaction; a person's download is audited too (a read of customer data).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from typing import IO, Any
 
 from django.conf import settings
@@ -288,3 +288,19 @@ def describe_export(*, export: Export) -> dict[str, Any]:
         "created_at": export.created_at.isoformat() if export.created_at else None,
         "finished_at": export.finished_at.isoformat() if export.finished_at else None,
     }
+
+
+def housekeeping(*, clean_temp: bool = True, since: timedelta = timedelta(hours=1)) -> tuple[int, int]:
+    """The beat's share of exports: settle engine-decided outcomes, and remove temporary objects
+    of exports that ended recently (older ones were cleaned when they ended)."""
+    settled = settle_exports()
+    removed = 0
+    if clean_temp:
+        recent = list(
+            Export.objects.filter(state__in=EXPORT_TERMINAL_STATES, finished_at__gte=timezone.now() - since).values_list(
+                "pk", flat=True
+            )
+        )
+        if recent:
+            removed = remove_stale_temp_objects(export_ids=recent)
+    return settled, removed

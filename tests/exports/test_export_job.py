@@ -228,3 +228,15 @@ def test_a_dropped_database_connection_mid_stream_is_retried(
     source = direct_copy(people.acme)
     assert (done.state, done.checksum, done.attempts) == (ExportState.SUCCEEDED, sha256(source), 2)
     assert len(published(export_root)) == 1 and temp_files(export_root) == []
+
+
+def test_the_beat_brings_an_engine_decided_outcome_to_the_export(people: People, export_root: Path, redis_clean: None) -> None:
+    from django.core.management import call_command
+
+    from workers.services.jobs import cancel_job
+
+    export = request(people)
+    cancel_job(job_id=export.job_id, actor="ops", reason="not needed")  # the engine's own cancel, not the export's
+    assert Export.objects.get(pk=export.pk).state == "queued"
+    call_command("koala_beat", "--once")
+    assert Export.objects.get(pk=export.pk).state == "cancelled"

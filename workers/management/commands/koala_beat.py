@@ -3,8 +3,10 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
@@ -37,10 +39,23 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: stop.set())
+        exports_installed = apps.is_installed("exports")
+        next_temp_sweep = 0.0
         while True:
             try:
                 report = reap()
                 safety = safety_tick()
+                if exports_installed:
+                    from exports.services import housekeeping
+
+                    # Outcomes the engine decided alone (reaper, cancel) reach their export records;
+                    # dead attempts' temporary files go about once a minute.
+                    sweep = time.monotonic() >= next_temp_sweep
+                    settled, removed = housekeeping(clean_temp=sweep)
+                    if sweep:
+                        next_temp_sweep = time.monotonic() + 60.0
+                    if settled or removed:
+                        log.info("beat: exports settled=%d temp_objects_removed=%d", settled, removed)
                 rung = dispatch()
                 if safety.pauses_lifted or safety.reviews_expired or safety.unparked or safety.breakers_tripped:
                     log.info(
