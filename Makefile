@@ -16,7 +16,7 @@ RUN_ARGS    ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run test lint format typecheck bench requirements clean
+.PHONY: help bootstrap run test lint format typecheck bench bench-exports requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -55,6 +55,11 @@ typecheck: bootstrap ## mypy
 bench: bootstrap ## Throughput benchmark (bench/throughput.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/throughput.py "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/exports.py; BENCH_ARGS=...)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/exports.py "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes
