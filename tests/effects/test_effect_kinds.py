@@ -258,6 +258,9 @@ def test_demo_enqueues_the_side_effect_kinds_once(provider: FakeProvider, redis_
     monkeypatch.setenv("KOALA_DATA_DIR", str(tmp_path))
     call_command("koala_demo", stdout=StringIO())
     call_command("koala_demo", stdout=StringIO())  # safe to run again: the same jobs
+    from exports.models import Event, Export
+
+    assert (Event.objects.count(), Export.objects.count()) == (100_000, 1)  # demo data and one export, once
     demo = dict(Job.objects.filter(created_by="koala_demo").values_list("idempotency_key", "kind"))
     assert {k: demo[k] for k in ("demo-email-welcome", "demo-order-1", "demo-order-2", "demo-model-1")} == {
         "demo-email-welcome": "email.send",

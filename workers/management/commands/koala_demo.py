@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from workers import kinds
@@ -54,6 +57,23 @@ class Command(BaseCommand):
         results = enqueue_many(specs=specs, created_by="koala_demo")
         created = sum(r.created for r in results)
         self.stdout.write(f"Demo jobs: {created} new, {len(results) - created} already present")
+        if apps.is_installed("exports"):
+            self.seed_exports(user)
+
+    def seed_exports(self, user: Any) -> None:
+        """100k demo events (COPY, about a second) and one export the admin may download."""
+        from exports.models import Account, Event, Export
+        from exports.services import request_export
+
+        if not Event.objects.exists():
+            call_command(
+                "koala_demo_data", "--rows", "100000", "--accounts", "3", "--member", user.get_username(), "--actor", "koala_demo"
+            )
+        account = Account.objects.filter(members=user).order_by("pk").first()
+        if account is None or Export.objects.exists():
+            return
+        export = request_export(user=user, account_id=account.pk, date_from=date(2026, 1, 1), date_to=date(2026, 3, 31))
+        self.stdout.write(f"Demo export {export.pk} of {account.slug} requested; download it at /exports/{export.pk}/download/")
 
     def seed_safety(self) -> None:
         """A price for the demo model and a daily budget, so cost and limits show from the start."""
