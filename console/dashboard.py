@@ -216,8 +216,9 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
 
     starts: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
     for process in processes:
-        if process.started_at >= now - window:
-            starts[(process.hostname, tuple(process.queues))] += 1
+        # A fixed-name worker restarted by its service manager keeps one row with many starts.
+        times = [dt.datetime.fromisoformat(t) for t in process.recent_starts] or [process.started_at]
+        starts[(process.hostname, tuple(process.queues))] += sum(1 for t in times if t >= now - window)
 
     live: dict[str, tuple[int, dt.datetime]] = {
         worker: (job_id, started)

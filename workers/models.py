@@ -214,6 +214,9 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # A worker restarted under a fixed --name (a systemd instance) reuses its row: keep its
+    # recent start times so a crash loop still shows as many starts, not one long life.
+    recent_starts = models.JSONField(default=list, blank=True, help_text="ISO times of the latest starts (at most 20).")
 
     class Meta:
         ordering = ["-last_seen_at"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from rq import SimpleWorker, Worker, worker_registration
 from rq.exceptions import StopRequested
@@ -52,6 +52,9 @@ def default_worker_name() -> str:
     return f"{socket.gethostname()}.{os.getpid()}"
 
 
+RECENT_STARTS_KEPT = 20
+
+
 class _Presence:
     """Keeps the WorkerProcess row fresh from a thread of the worker's main process."""
 
@@ -62,19 +65,23 @@ class _Presence:
 
     def start(self) -> None:
         now = timezone.now()
-        WorkerProcess.objects.update_or_create(
-            name=self.worker.name,
-            defaults={
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "queues": self.worker.queue_names(),
-                "kinds": [k.key for k in kinds.served()],
-                "worker_class": type(self.worker).__name__,
-                "started_at": now,
-                "last_seen_at": now,
-                "stopped_at": None,
-            },
-        )
+        with transaction.atomic():
+            row = WorkerProcess.objects.select_for_update().filter(name=self.worker.name).first()
+            starts = [*(row.recent_starts if row is not None else []), now.isoformat()][-RECENT_STARTS_KEPT:]
+            WorkerProcess.objects.update_or_create(
+                name=self.worker.name,
+                defaults={
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "queues": self.worker.queue_names(),
+                    "kinds": [k.key for k in kinds.served()],
+                    "worker_class": type(self.worker).__name__,
+                    "started_at": now,
+                    "last_seen_at": now,
+                    "stopped_at": None,
+                    "recent_starts": starts,
+                },
+            )
         # The parent must hold no connection when it forks; the thread uses its own.
         connection.close()
         self.thread = threading.Thread(target=self._loop, name="koala-presence", daemon=True)
@@ -98,6 +105,18 @@ class _Presence:
             WorkerProcess.objects.filter(name=self.worker.name).update(stopped_at=timezone.now(), last_seen_at=timezone.now())
         finally:
             connection.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own pid, held by an earlier incarnation (pids repeat in containers)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 class KoalaWorkerMixin:
@@ -145,6 +164,27 @@ class KoalaWorkerMixin:
                 self._forget_registration()
         finally:
             presence.finish()
+
+    def register_birth(self) -> None:
+        """Take over the name from a previous incarnation that died without registering its death.
+
+        RQ refuses a name whose Redis key has no death mark until the key expires (worker_ttl
+        + 60 s, 8 minutes by default). A worker with a fixed name (a systemd instance) that
+        was killed with -9 or by the OOM killer would then fail every restart for minutes: a
+        crash loop made by the registry. If the key's holder ran on this host and its pid is
+        gone, it is us from before; a live holder or another host is a real name clash.
+        """
+        conn = self.connection  # type: ignore[attr-defined]
+        key = self.key  # type: ignore[attr-defined]
+        holder = conn.hmget(key, "hostname", "pid", "death")
+        host, pid, death = (v.decode() if isinstance(v, bytes) else v for v in holder)
+        if host is not None and death is None and host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+            log.warning("worker %s: taking over the name from dead pid %s", self.name, pid)  # type: ignore[attr-defined]
+            with conn.pipeline() as pipeline:
+                worker_registration.unregister(self, pipeline)  # type: ignore[arg-type]
+                pipeline.delete(key)
+                pipeline.execute()
+        super().register_birth()  # type: ignore[misc]
 
     def _forget_registration(self) -> None:
         """Before RQ's loop starts again: drop the previous run's Redis registration and
