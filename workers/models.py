@@ -220,6 +220,7 @@ class WorkerProcess(models.Model):
 
     class Meta:
         ordering = ["-last_seen_at"]
+        verbose_name_plural = "worker processes"
 
     def __str__(self) -> str:
         return self.name
