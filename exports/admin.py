@@ -3,14 +3,12 @@ records are read-only, because requests and cancellations go through the service
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
 from exports.models import Account, Export, ExportState
+from koala.readonly_admin import ReadOnlyAdmin
 
 
 @admin.register(Account)
@@ -21,7 +19,7 @@ class AccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(Export)
-class ExportAdmin(admin.ModelAdmin):
+class ExportAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "account",
@@ -46,12 +44,3 @@ class ExportAdmin(admin.ModelAdmin):
         if obj.state != ExportState.SUCCEEDED:
             return "-"
         return format_html('<a href="{}">{}</a>', reverse("exports:download", args=[obj.pk]), obj.output_key)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -4,18 +4,16 @@ audited service."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from koala.readonly_admin import ReadOnlyAdmin
 from reviews.models import ReviewRequest
 
 
 @admin.register(ReviewRequest)
-class ReviewRequestAdmin(admin.ModelAdmin):
+class ReviewRequestAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "action",
@@ -38,12 +36,3 @@ class ReviewRequestAdmin(admin.ModelAdmin):
     @admin.display(description="review page")
     def decide(self, obj: ReviewRequest) -> str:
         return format_html('<a href="{}">open in the review queue</a>', reverse("reviews:detail", args=[obj.pk]))
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

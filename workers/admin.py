@@ -13,24 +13,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from koala.audit import record_audit
+from koala.readonly_admin import ReadOnlyAdmin
 from koala.redaction import redact_data
 from workers import kinds
 from workers.errors import JobStateError
 from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
 from workers.services import budgets as budget_services
 from workers.services.jobs import cancel_job, requeue_job, retry_job
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 ATTEMPT_FIELDS: tuple[str, ...] = (
     "number",

@@ -3,31 +3,13 @@ process) against the loopback provider: no row is written by hand."""
 
 from __future__ import annotations
 
-import time
-
 from reviews.models import ReviewRequest
 from tests.fakes.provider import FakeProvider
+from tests.inprocess import run_until
 from workers.models import Job, Operation
-from workers.runtime import get_runtime
 from workers.services.jobs import enqueue
 
 CARD, BEARER = "4111111111111111", "tok_live_zyxwvutsrqponmlk"  # planted secrets (tests.kinds "boom")
-
-
-def drain() -> int:
-    return get_runtime().drain(first_job_id=None, origin_queue="default")
-
-
-def run_until(job_id: int, *states: str, timeout: float = 20) -> Job:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        drain()
-        job = Job.objects.get(pk=job_id)
-        if job.state in states:
-            return job
-        time.sleep(0.05)
-    job = Job.objects.get(pk=job_id)
-    raise AssertionError(f"job {job_id} is {job.state} ({job.error_message or job.park_detail}), not {'/'.join(states)}")
 
 
 def shop(reference: str, amount: int, *, created_by: str = "") -> int:

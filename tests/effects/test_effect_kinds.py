@@ -16,30 +16,13 @@ import pytest
 from reviews.models import ReviewRequest
 from tests.fakes.provider import FakeProvider
 from tests.fakes.smtp import SmtpSink
+from tests.inprocess import drain, run_until
 from workers.models import Attempt, Job, Operation
 from workers.providers import email
-from workers.runtime import get_runtime
 from workers.services import budgets, operations
 from workers.services.jobs import enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> int:
-    return get_runtime().drain(first_job_id=None, origin_queue="default")
-
-
-def run_until(job_id: int, *states: str, timeout: float = 20) -> Job:
-    """Drain as the dispatcher's re-rings would, until the job reaches one of ``states``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        drain()
-        job = Job.objects.get(pk=job_id)
-        if job.state in states:
-            return job
-        time.sleep(0.05)
-    job = Job.objects.get(pk=job_id)
-    raise AssertionError(f"job {job_id} is {job.state} ({job.error_message or job.park_detail}), not {'/'.join(states)}")
 
 
 def shop(reference: str = "o-100", amount: int = 1200, **extra: object) -> int:

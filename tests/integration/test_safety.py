@@ -19,6 +19,7 @@ from django.utils import timezone
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from reviews.services import approve_review, expire_reviews, reject_review
+from tests.inprocess import drain, run_until
 from tests.kinds import world_effects
 from workers import kinds
 from workers.errors import OperationMismatch, SafetyError, StaleAttempt
@@ -31,21 +32,6 @@ from workers.services.jobs import enqueue, requeue_job
 from workers.services.operations import resolve_operation
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> int:
-    return get_runtime().drain(first_job_id=None, origin_queue="default")
-
-
-def run_until(job_id: int, *states: str, timeout: float = 15) -> Job:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        drain()
-        job = Job.objects.get(pk=job_id)
-        if job.state in states:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not reach {states}; it is {Job.objects.get(pk=job_id).state}")
 
 
 def charge(tmp_path: Path, created_by: str = "", **data: object) -> int:

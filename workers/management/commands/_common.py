@@ -35,3 +35,12 @@ def existing_job(job_id: int) -> Job:
         return Job.objects.get(pk=job_id)
     except Job.DoesNotExist:
         raise CommandError(f"job {job_id} does not exist.") from None
+
+
+def scope_from_options(options: dict[str, Any]) -> tuple[str, str]:
+    """(scope, target) from the --global / --queue / --kind options of koala_pause and koala_resume."""
+    if options.get("everything"):
+        return "global", ""
+    if options.get("queue"):
+        return "queue", options["queue"]
+    return "kind", options.get("kind") or ""

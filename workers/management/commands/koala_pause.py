@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor
+from workers.management.commands._common import cli_actor, scope_from_options
 from workers.services.pauses import active_pauses, pause
 
 
@@ -42,16 +42,7 @@ class Command(BaseCommand):
             return
         if options["expires_in"] is not None and options["expires_in"] <= 0:
             raise CommandError("--expires-in must be a positive number of minutes.")
-        scope, target = (
-            ("global", "")
-            if options["everything"]
-            else ("queue", options["queue"])
-            if options["queue"]
-            else (
-                "kind",
-                options["kind"],
-            )
-        )
+        scope, target = scope_from_options(options)
         expires = timezone.now() + timedelta(minutes=options["expires_in"]) if options["expires_in"] else None
         try:
             row = pause(

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor
+from workers.management.commands._common import cli_actor, scope_from_options
 from workers.models import Pause
 from workers.services.pauses import active_pauses, resume
 
@@ -25,16 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         pause_id = options["pause_id"]
         if pause_id is None:
-            scope, target = (
-                ("global", "")
-                if options["everything"]
-                else ("queue", options["queue"])
-                if options["queue"]
-                else (
-                    "kind",
-                    options["kind"],
-                )
-            )
+            scope, target = scope_from_options(options)
             live = [p for p in active_pauses() if p.scope == scope and p.target == target]
             if not live:
                 lapsed = Pause.objects.filter(scope=scope, target=target, lifted_at__isnull=True).first()
