@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import platform
-import secrets
 import shutil
 import signal
 import statistics
@@ -48,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.setup import guard, setup_django  # noqa: E402 - after the path set-up above
 
 YEAR = (date(2026, 1, 1), date(2026, 12, 31))
 MIB = 1024 * 1024
@@ -88,32 +89,6 @@ def baseline_child(sql: str, out: str) -> None:
 
 
 # -- set-up ------------------------------------------------------------------------------------
-def setup_django(storage: Path) -> None:
-    for name in ("DATABASE_URL", "REDIS_URL"):
-        if not os.environ.get(name):
-            sys.exit(f"{name} is not set (see bench/README.md)")
-    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "koala.settings")
-    os.environ["KOALA_EXPORT_ROOT"] = str(storage)
-    import django
-
-    django.setup()
-
-
-def guard(force: bool) -> None:
-    from django.db import connection
-    from redis import Redis
-
-    name = connection.settings_dict["NAME"]
-    db = Redis.from_url(os.environ["REDIS_URL"]).connection_pool.connection_kwargs.get("db", 0)
-    if force:
-        return
-    if "bench" not in name:
-        sys.exit(f"refusing to write demo data into database {name!r}: use a database named *bench* or pass --force")
-    if int(db) == 0:
-        sys.exit("refusing to use Redis db 0: point REDIS_URL at another db (e.g. /5) or pass --force")
-
-
 def conninfo() -> tuple[str, dict[str, str]]:
     """libpq connection string for child processes, with the password in the environment."""
     from django.db import connection
@@ -555,8 +530,8 @@ def main() -> None:
     own_storage = args.storage is None
     storage = Path(args.storage or tempfile.mkdtemp(prefix="koala-bench-exports-"))
     storage.mkdir(parents=True, exist_ok=True)
-    setup_django(storage)
-    guard(args.force)
+    setup_django(KOALA_EXPORT_ROOT=str(storage))
+    guard(force=args.force, database_action="write demo data", redis_action="use")
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)

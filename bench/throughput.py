@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import secrets
 import select
 import statistics
 import subprocess
@@ -31,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.setup import guard, setup_django  # noqa: E402 - after the path set-up above
 
 RQ_QUEUE = "bench"
 RQ_KEY = "koala:bench:rq"
@@ -58,32 +59,6 @@ def parse_args() -> argparse.Namespace:
     if args.fork_jobs is None:
         args.fork_jobs = max(args.jobs // 5, 1)
     return args
-
-
-def setup_django() -> None:
-    for name in ("DATABASE_URL", "REDIS_URL"):
-        if not os.environ.get(name):
-            sys.exit(f"{name} is not set (see bench/README.md)")
-    # The bench never serves HTTP; any strong key satisfies the settings and the checks.
-    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "koala.settings")
-    import django
-
-    django.setup()
-
-
-def guard(force: bool) -> None:
-    from django.db import connection
-    from redis import Redis
-
-    name = connection.settings_dict["NAME"]
-    db = Redis.from_url(os.environ["REDIS_URL"]).connection_pool.connection_kwargs.get("db", 0)
-    if force:
-        return
-    if "bench" not in name:
-        sys.exit(f"refusing to TRUNCATE Koala's tables in database {name!r}: use a database named *bench* or pass --force")
-    if int(db) == 0:
-        sys.exit("refusing to FLUSHDB Redis db 0: point REDIS_URL at another db (e.g. /5) or pass --force")
 
 
 # -- measurements --------------------------------------------------------------------------
@@ -458,7 +433,7 @@ def table(results: dict[str, list[Result]], repeat: int, workers: int) -> list[s
 def main() -> int:
     args = parse_args()
     setup_django()
-    guard(args.force)
+    guard(force=args.force, database_action="TRUNCATE Koala's tables", redis_action="FLUSHDB")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
