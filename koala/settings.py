@@ -84,8 +84,7 @@ try:
     # CSV exports (docs/exports.md). The caps bound what any request may ask for; a request
     # beyond them is refused, and an export that crosses its own limits stops with a terminal reason.
     KOALA_EXPORT_ROOT = Path(
-        env.string("KOALA_EXPORT_ROOT", "")
-        or Path(env.string("KOALA_DATA_DIR", "") or BASE_DIR / ".koala-data") / "exports"
+        env.string("KOALA_EXPORT_ROOT", "") or Path(env.string("KOALA_DATA_DIR", "") or BASE_DIR / ".koala-data") / "exports"
     )
     KOALA_EXPORT_MAX_ROWS = env.integer("KOALA_EXPORT_MAX_ROWS", 10_000_000, minimum=1)
     KOALA_EXPORT_MAX_BYTES = env.integer("KOALA_EXPORT_MAX_BYTES", 4 * 1024**3, minimum=1)
