@@ -60,6 +60,10 @@ class JobActionForm(forms.Form):
     reason = forms.CharField(required=False, max_length=500)
 
 
+class ExportCancelForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=500)
+
+
 class BulkActionForm(JobActionForm):
     # Either the ticked rows or every job the (repeated) filter matches.
     scope = forms.ChoiceField(choices=[("selected", "selected"), ("all", "all matching")], initial="selected")

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Max, Q, QuerySet
 
+from exports.services import EXPORT_KIND
 from koala.audit import record_audit
 from koala.redaction import redact_data, redact_text, sensitive_values
 from workers import kinds
@@ -41,6 +42,15 @@ LIST_FIELDS = (
 )
 
 BULK_LIMIT = 500  # one request changes at most this many jobs; a bigger selection must be narrowed
+
+# Kinds whose failed jobs are not retried as a job: what to do instead (docs/exports.md: an
+# export's terminal state never reverts; a retried export job would end at once as export_failed).
+NOT_RETRIED = {EXPORT_KIND: "request a new export instead (koala_export create or exports.services.request_export)"}
+
+
+def retry_refusal(*, kind: str) -> str:
+    """Why jobs of ``kind`` are not offered Retry ("" when they are)."""
+    return NOT_RETRIED.get(kind, "")
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class JobRecord:
     attempts: list[AttemptRow]
     operations: list[OperationRow]
     cost_minor: int
+    retry_refusal: str = ""  # why Retry is not offered for this kind ("" when it is)
     retries: list[int] = field(default_factory=list)
     reviews: list[Any] = field(default_factory=list)
 
@@ -198,6 +209,7 @@ def read_job(*, job_id: int, actor: str) -> JobRecord:
         attempts=attempts,
         operations=operations,
         cost_minor=sum(row.operation.cost_minor or 0 for row in operations),
+        retry_refusal=retry_refusal(kind=job.kind),
         retries=list(Job.objects.filter(retry_of=job).values_list("id", flat=True)[:20]),
         reviews=list(job.reviews.order_by("created_at")),
     )
@@ -288,6 +300,10 @@ def job_action(*, action: str, job_id: int, actor: str, reason: str = "") -> str
         cancel_job(job_id=job_id, actor=actor, reason=reason or f"cancelled by {actor} in the console")
         return f"Job {job_id} cancelled."
     if action == "retry":
+        kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+        refusal = retry_refusal(kind=kind or "")
+        if refusal:
+            raise JobStateError(f"job {job_id} is an {kind} job and is not retried: {refusal}.")
         new = retry_job(job_id=job_id, actor=actor)
         return f"Job {job_id} retried as job {new.job_id}."
     if action == "requeue":

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import attention, budgets, dashboard, jobs, pauses
+from console.views import attention, budgets, dashboard, exports, jobs, pauses
 
 app_name = "console"
 
@@ -13,6 +13,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/act/", jobs.job_act, name="job_act"),
     path("failures/", jobs.failures, name="failures"),
+    path("exports/", exports.export_list, name="exports"),
+    path("exports/<int:export_id>/cancel/", exports.export_cancel, name="export_cancel"),
     path("pauses/", pauses.pause_list, name="pauses"),
     path("pauses/new/", pauses.pause_create, name="pause_create"),
     path("pauses/<int:pause_id>/resume/", pauses.pause_resume, name="pause_resume"),

@@ -6,6 +6,7 @@ same transaction; a person's download is audited too (a read of customer data).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import IO, Any
@@ -262,6 +263,30 @@ def latest_exports(*, limit: int = 20) -> list[Export]:
     """The newest exports, their states brought up to date (an operator's list: records only)."""
     settle_exports()
     return list(Export.objects.select_related("account").order_by("-id")[: max(limit, 1)])
+
+
+@dataclass(frozen=True)
+class ExportAccess:
+    """What one person may do with one export, by the rules of ``open_download`` and ``cancel_export``."""
+
+    may_download: bool  # a succeeded export of an account the person may see
+    may_cancel: bool  # a queued or running export of an account the person may see
+
+
+def export_access(*, user: Person, exports: Iterable[Export]) -> dict[int, ExportAccess]:
+    """Per export id, whether ``user`` may download or cancel it (for a list: the links and buttons
+    it shows). ``can_access_account`` decides, once per distinct account, not once per export."""
+    by_account: dict[int, bool] = {}
+    access: dict[int, ExportAccess] = {}
+    for export in exports:
+        if export.account_id not in by_account:
+            by_account[export.account_id] = can_access_account(user=user, account=export.account)
+        allowed = by_account[export.account_id]
+        access[export.pk] = ExportAccess(
+            may_download=allowed and export.state == ExportState.SUCCEEDED,
+            may_cancel=allowed and not export.is_terminal,
+        )
+    return access
 
 
 def describe_export(*, export: Export) -> dict[str, Any]:

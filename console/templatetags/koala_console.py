@@ -8,6 +8,7 @@ from typing import Any
 from django import template
 from django.http import HttpRequest
 
+from console.jobs import retry_refusal as _retry_refusal
 from koala.redaction import redact_text
 from workers.services.pauses import active_pauses
 
@@ -72,3 +73,9 @@ def redacted(value: object) -> str:
 def pretty_json(value: Any) -> str:
     """Indented JSON for <pre> blocks (autoescaped by the template like any other string)."""
     return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@register.filter
+def retry_refusal(kind: str) -> str:
+    """Why jobs of this kind are not offered Retry in the console ("" when they are)."""
+    return _retry_refusal(kind=kind)

@@ -11,6 +11,7 @@ from django.utils import timezone
 from console.forms import BulkActionForm, JobActionForm, JobFilterForm, kind_names, queue_choices
 from console.jobs import (
     BULK_LIMIT,
+    NOT_RETRIED,
     JobFilter,
     bulk_job_action,
     failure_groups,
@@ -58,6 +59,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         kinds=kind_names(),
         queues=[q for q, _ in queue_choices()],
         bulk_limit=BULK_LIMIT,
+        no_retry_kinds=NOT_RETRIED,
     )
 
 

@@ -32,6 +32,7 @@ def ensure_roles() -> None:
     """Re-run the roles migrations' own code: a transactional test's flush empties auth_group."""
     importlib.import_module("console.migrations.0001_roles").create_roles(apps, None)
     importlib.import_module("console.migrations.0002_safety_layer_roles").grant(apps, None)
+    importlib.import_module("console.migrations.0003_exports_read_roles").grant(apps, None)
 
 
 @pytest.fixture
@@ -136,3 +137,7 @@ def screenshot_dir() -> Path:
 # -- the outside world ---------------------------------------------------------------------------
 # The loopback payment/model provider and its worker environment, shared with tests/effects.
 from tests.effects.conftest import PROVIDER_API_KEY, effects_env, provider  # noqa: E402, F401
+
+# The export fixtures (accounts alice/bob/mallory/root, a private storage folder) for the Exports
+# page tests; test_browser.py's own "people" fixture overrides this one in that module.
+from tests.exports.conftest import export_root, people  # noqa: E402, F401

@@ -56,6 +56,7 @@ def view_pages(w: World) -> list[str]:
         "/admin/console/jobs/?state=failed&kind=boom",
         f"/admin/console/jobs/{w.failed}/",
         "/admin/console/failures/",
+        "/admin/console/exports/",
         "/admin/console/pauses/",
         "/admin/console/attention/",
         "/admin/console/budgets/",

@@ -35,3 +35,18 @@ def test_roles_read_the_safety_layer_and_only_operators_edit_budgets_and_prices(
     assert {"add_budget", "change_budget", "add_modelprice", "change_modelprice"} <= codenames("operators", "workers")
     for group in ("reviewers", "auditors"):
         assert not {"add_budget", "change_budget", "change_modelprice"} & codenames(group, "workers")
+
+
+def test_roles_read_exports_and_accounts_but_not_events_and_the_grant_reverses() -> None:
+    from django.core.management import call_command
+
+    for group in ("operators", "reviewers", "auditors"):
+        assert codenames(group, "exports") == {"view_export", "view_account"}, group
+    call_command("migrate", "console", "0002_safety_layer_roles", verbosity=0)
+    for group in ("operators", "reviewers", "auditors"):
+        assert codenames(group, "exports") == set(), group
+        assert "view_operations" in codenames(group, "console"), "reversing 0003 leaves the older grants alone"
+        assert "view_reviewrequest" in codenames(group, "reviews")
+    call_command("migrate", "console", verbosity=0)
+    for group in ("operators", "reviewers", "auditors"):
+        assert codenames(group, "exports") == {"view_export", "view_account"}, group
