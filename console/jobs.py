@@ -16,11 +16,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Max, Q, QuerySet
 
-from exports.services import EXPORT_KIND
 from koala.audit import record_audit
 from koala.redaction import redact_data, redact_text, sensitive_values
 from workers import kinds
-from workers.errors import JobStateError
+from workers.errors import EnqueueError, JobStateError
 from workers.models import Attempt, Job, JobState, Operation, Outcome
 from workers.services.jobs import cancel_job, requeue_job, retry_job
 
@@ -43,14 +42,18 @@ LIST_FIELDS = (
 
 BULK_LIMIT = 500  # one request changes at most this many jobs; a bigger selection must be narrowed
 
-# Kinds whose failed jobs are not retried as a job: what to do instead (docs/exports.md: an
-# export's terminal state never reverts; a retried export job would end at once as export_failed).
-NOT_RETRIED = {EXPORT_KIND: "request a new export instead (koala_export create or exports.services.request_export)"}
+
+def no_retry_kinds() -> dict[str, str]:
+    """Kinds whose finished jobs are not retried, with what to do instead."""
+    return {k.name: k.retry_instead for k in kinds.served() if k.retry_instead}
 
 
 def retry_refusal(*, kind: str) -> str:
-    """Why jobs of ``kind`` are not offered Retry ("" when they are)."""
-    return NOT_RETRIED.get(kind, "")
+    """Why jobs of ``kind`` are not offered Retry ("" when they are): the kind's own advice."""
+    try:
+        return kinds.latest(kind).retry_instead
+    except EnqueueError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -300,10 +303,7 @@ def job_action(*, action: str, job_id: int, actor: str, reason: str = "") -> str
         cancel_job(job_id=job_id, actor=actor, reason=reason or f"cancelled by {actor} in the console")
         return f"Job {job_id} cancelled."
     if action == "retry":
-        kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
-        refusal = retry_refusal(kind=kind or "")
-        if refusal:
-            raise JobStateError(f"job {job_id} is an {kind} job and is not retried: {refusal}.")
+        # retry_job refuses kinds that say how to try again instead (an export is requested anew).
         new = retry_job(job_id=job_id, actor=actor)
         return f"Job {job_id} retried as job {new.job_id}."
     if action == "requeue":

@@ -5,7 +5,8 @@ permissions of the table-less ``console.Console`` model. Superusers hold every p
 
 | group | may |
 | --- | --- |
-| operators | view; pause/resume; retry/cancel/requeue (one or in bulk); cancel exports (of accounts they belong to); resolve uncertain operations; edit budgets and prices |
+| operators | view; pause/resume; retry/cancel/requeue (one or in bulk); cancel exports (of their |
+|           | accounts); resolve uncertain operations; edit budgets and prices |
 | reviewers | view; approve/reject review requests |
 | auditors | view only |
 """

@@ -400,6 +400,8 @@ def _describe(exc: BaseException) -> str:
     backoff_cap=60.0,
     required_fields={"export_id"},
     validate=_validate,
+    # A finished export never reverts (docs/exports.md): a retried job would end at once.
+    retry_instead="request a new export instead (koala_export create or exports.services.request_export)",
 )
 def export_csv(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     return ExportAttempt(ctx, int(data["export_id"])).run()

@@ -20,6 +20,7 @@ from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportPe
 from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
 from exports.storage import ExportStore, output_key_for
 from koala.audit import record_audit
+from koala.redaction import redact_text
 from workers.errors import JobStateError
 from workers.services.jobs import cancel_job, enqueue
 
@@ -181,6 +182,7 @@ def cancel_export(*, export_id: int, user: Person, reason: str = "") -> Export:
     """Cancel a queued or running export and its job together. A running body stops at its next
     batch boundary after the heartbeat tells it; nothing it wrote is published."""
     actor = _username(user)
+    reason = redact_text(reason)  # free text from a person: never store a pasted secret
     with transaction.atomic():
         export = get_export(export_id=export_id, user=user)
         locked = Export.objects.select_for_update().get(pk=export.pk)

@@ -47,6 +47,9 @@ class JobKind:
     required_fields: frozenset[str] = field(default_factory=frozenset)
     validate: InputValidator | None = None
     critical: Mapping[str, CriticalRule] = field(default_factory=dict)  # operation name -> rule
+    # Non-empty: an operator's retry of a finished job is refused with this advice (the kind has
+    # its own way to try again, e.g. an export is requested anew).
+    retry_instead: str = ""
 
     def is_critical(self, operation: str, params: dict[str, Any], amount_minor: int | None) -> bool:
         rule = self.critical.get(operation)

@@ -11,12 +11,12 @@ from django.utils import timezone
 from console.forms import BulkActionForm, JobActionForm, JobFilterForm, kind_names, queue_choices
 from console.jobs import (
     BULK_LIMIT,
-    NOT_RETRIED,
     JobFilter,
     bulk_job_action,
     failure_groups,
     filtered_jobs,
     job_action,
+    no_retry_kinds,
     read_job,
     record_list_read,
 )
@@ -59,7 +59,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         kinds=kind_names(),
         queues=[q for q, _ in queue_choices()],
         bulk_limit=BULK_LIMIT,
-        no_retry_kinds=NOT_RETRIED,
+        no_retry_kinds=no_retry_kinds(),
     )
 
 

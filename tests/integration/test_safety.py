@@ -404,3 +404,17 @@ def test_cancelling_a_job_waiting_for_review_withdraws_the_review(tmp_path: Path
     with pytest.raises(SafetyError, match="already superseded"):
         approve_review(review_id=review.pk, actor="bob")
     assert effects(tmp_path) == []
+
+
+def test_kinds_can_refuse_an_operator_retry_with_advice(redis_clean: None) -> None:
+    from exports.services import EXPORT_KIND
+    from workers.errors import JobStateError
+    from workers.services.jobs import cancel_job, retry_job
+
+    kind = kinds.latest(EXPORT_KIND)
+    job_id = enqueue(kind=EXPORT_KIND, input={"export_id": 1}).job_id
+    cancel_job(job_id=job_id, actor="ops", reason="api_key=sk_live_abcdefghijklmnopqrstuv")
+    assert "sk_live_" not in Job.objects.get(pk=job_id).error_message  # a pasted secret is not stored
+    with pytest.raises(JobStateError, match="request a new export instead"):
+        retry_job(job_id=job_id, actor="ops")
+    assert kind.retry_instead and Job.objects.count() == 1

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from koala.audit import record_audit
+from koala.redaction import redact_text
 from workers import doorbell, kinds
 from workers.errors import EnqueueError, JobStateError
 from workers.models import Attempt, Job, JobState, Outcome
@@ -224,6 +225,7 @@ def _finish_live_attempt(job: Job, outcome: str, message: str) -> None:
 def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
     """Cancel a queued or running job. A running body learns at its next heartbeat
     (job_cancelled) and any report it makes afterwards is rejected."""
+    reason = redact_text(reason)  # free text from a person: never store a pasted secret
     with transaction.atomic():
         job = _locked_job(job_id)
         if job.is_terminal:
@@ -267,8 +269,11 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
         job = _locked_job(job_id)
         if job.state not in (JobState.FAILED, JobState.CANCELLED):
             raise JobStateError(f"job {job_id} is {job.state}; only failed or cancelled jobs can be retried.")
-        if kinds.get(job.kind, job.version) is None:
+        kind = kinds.get(job.kind, job.version)
+        if kind is None:
             raise JobStateError(f"job kind {job.kind}@{job.version} is not registered here; cannot retry it.")
+        if kind.retry_instead:
+            raise JobStateError(f"job {job_id} is an {job.kind} job and is not retried: {kind.retry_instead}.")
         result = enqueue(
             kind=job.kind,
             version=job.version,
