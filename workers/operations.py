@@ -101,13 +101,13 @@ class _Ledger:
         kind: str,
         params: dict[str, Any],
         perform: Perform,
-        reconcile: Reconcile | None,
-        key: str | None,
-        estimate_minor: int,
-        amount_minor: int | None,
-        currency: str,
-        target: str,
-        tenant: str | None,
+        reconcile: Reconcile | None = None,
+        key: str | None = None,
+        estimate_minor: int = 0,
+        amount_minor: int | None = None,
+        currency: str = "",
+        target: str = "",
+        tenant: str | None = None,
     ) -> None:
         if not name:
             raise ValueError("an operation needs a name")
@@ -217,12 +217,7 @@ class _Ledger:
         )
 
     def _budget_binding(self) -> list[dict[str, Any]]:
-        rows = Budget.objects.raw(
-            "SELECT b.* FROM workers_budget b WHERE "
-            "(b.scope = 'global' OR (b.scope = 'queue' AND b.target = %s) OR (b.scope = 'kind' AND b.target = %s)) "
-            "AND (b.tenant = '' OR b.tenant = %s) ORDER BY b.id",
-            [self.ctx.lease.queue, self.ctx.lease.kind, self.tenant],
-        )
+        rows = budgets.applicable(kind=self.ctx.lease.kind, queue=self.ctx.lease.queue, tenant=self.tenant)
         return [
             {"name": b.name, "spend_limit_minor": b.spend_limit_minor, "request_limit": b.request_limit, "currency": b.currency}
             for b in rows

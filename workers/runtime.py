@@ -102,13 +102,6 @@ class JobContext:
         from workers.operations import run_operation
 
         self.checkpoint()
-        options.setdefault("reconcile", None)
-        options.setdefault("key", None)
-        options.setdefault("estimate_minor", 0)
-        options.setdefault("amount_minor", None)
-        options.setdefault("currency", "")
-        options.setdefault("target", "")
-        options.setdefault("tenant", None)
         return run_operation(self, name, **options)
 
     def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:

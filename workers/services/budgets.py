@@ -222,6 +222,12 @@ def _params(kind: str, queue: str, tenant: str) -> dict[str, Any]:
     return {"kind": kind, "queue": queue, "tenant": tenant or ""}
 
 
+def applicable(*, kind: str, queue: str, tenant: str) -> list[Budget]:
+    """The budgets that cover a job of this kind, queue and tenant, in id order."""
+    sql = f"SELECT b.* FROM workers_budget b WHERE {_APPLIES} ORDER BY b.id"
+    return list(Budget.objects.raw(sql, _params(kind, queue, tenant)))
+
+
 def _ensure_usage(cursor: Any, where: str, params: dict[str, Any]) -> list[tuple[int, str, date]]:
     """Create this period's usage rows for the applicable budgets; returns (budget id, name, period)."""
     cursor.execute(
