@@ -66,23 +66,24 @@ class ClaimBlocked(Exception):
 # -- administration (people) -------------------------------------------------------------------
 
 
+def _whole_number(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.")
+    try:
+        number = int(value)
+    except ValueError:
+        raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.") from None
+    if number < 0:
+        raise SafetyError(f"{name} cannot be negative (got {number}).")
+    return number
+
+
 def _check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
     clean: dict[str, int | None] = {}
     for name, value in limits.items():
         if name not in LIMIT_FIELDS:
             raise SafetyError(f"unknown budget limit {name!r}; limits are: {', '.join(LIMIT_FIELDS)}.")
-        if value is None or value == "":
-            clean[name] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.")
-        try:
-            number = int(value)
-        except ValueError:
-            raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.") from None
-        if number < 0:
-            raise SafetyError(f"{name} cannot be negative (got {number}).")
-        clean[name] = number
+        clean[name] = None if value is None or value == "" else _whole_number(name, value)
     return clean
 
 
@@ -182,13 +183,14 @@ def usage_for(*, budget: Budget, on: date | None = None) -> BudgetUsage:
 def set_model_price(*, model: str, input_minor_per_mtok: int, output_minor_per_mtok: int, actor: str) -> ModelPrice:
     if not model.strip():
         raise SafetyError("a price needs a model name.")
-    prices = _check_limits({"spend_limit_minor": input_minor_per_mtok, "request_limit": output_minor_per_mtok})
+    price_in = _whole_number("input_minor_per_mtok", input_minor_per_mtok)
+    price_out = _whole_number("output_minor_per_mtok", output_minor_per_mtok)
     with transaction.atomic():
         price, created = ModelPrice.objects.update_or_create(
             model=model,
             defaults={
-                "input_minor_per_mtok": prices["spend_limit_minor"] or 0,
-                "output_minor_per_mtok": prices["request_limit"] or 0,
+                "input_minor_per_mtok": price_in,
+                "output_minor_per_mtok": price_out,
                 "updated_by": actor,
             },
         )
