@@ -19,6 +19,7 @@ from datetime import date
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from koala.audit import record_audit
@@ -317,6 +318,13 @@ def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = Fal
                 "requests = GREATEST(requests - %s, 0), updated_at = now() WHERE id = %s",
                 [reserved, 1 if refund_request else 0, usage_id],
             )
+
+
+def claims_are_gated() -> bool:
+    """Whether any budget limits what claims must check (concurrency, attempts, run time)."""
+    return Budget.objects.filter(
+        Q(concurrency_limit__isnull=False) | Q(attempt_limit__isnull=False) | Q(run_seconds_limit__isnull=False)
+    ).exists()
 
 
 def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]:

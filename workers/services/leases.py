@@ -126,12 +126,21 @@ def _lease(row: Sequence[Any]) -> Lease:
     return Lease(*values)
 
 
-def _claim(sql: str, params: dict[str, Any]) -> Lease | None:
+def _claim(sql: str, params: dict[str, Any], *, gated: bool) -> Lease | None:
     """Claim under the gates: live pauses (in the SQL) and budgets (admit_claim, same transaction).
 
     Raises ClaimBlocked when a concurrency limit is full (the claim is rolled back and the
     job stays queued). A job whose budget is out of attempts or run time is parked.
+
+    ``gated=False`` (no budget limits concurrency, attempts or run time, as the caller read
+    at the start of its pass) claims with the single autocommit statement: one round trip
+    instead of four, which is most of a short job's engine cost.
     """
+    if not gated:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return _lease(row) if row else None
     exhausted: BudgetExhausted | None = None
     lease: Lease | None = None
     try:
@@ -152,19 +161,25 @@ def _claim(sql: str, params: dict[str, Any]) -> Lease | None:
     return lease
 
 
-def claim_job(*, job_id: int, worker: str, lease_seconds: float) -> Lease | None:
+def claim_job(*, job_id: int, worker: str, lease_seconds: float, gated: bool = True) -> Lease | None:
     """Claim one specific job (the one an RQ message named), if it is still queued, due and not paused.
 
     A duplicate delivery finds it running or finished and gets None: a no-op.
     """
     try:
-        return _claim(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds})
+        return _claim(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds}, gated=gated)
     except ClaimBlocked:
         return None
 
 
 def claim_next(
-    *, queue: str, served: Sequence[str], worker: str, lease_seconds: float, skip_kinds: Sequence[str] = ()
+    *,
+    queue: str,
+    served: Sequence[str],
+    worker: str,
+    lease_seconds: float,
+    skip_kinds: Sequence[str] = (),
+    gated: bool = True,
 ) -> Lease | None:
     """Claim the next due job in ``queue`` among the served "kind@version" pairs.
 
@@ -174,6 +189,7 @@ def claim_next(
     return _claim(
         _CLAIM_NEXT_SQL,
         {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds, "skip": list(skip_kinds)},
+        gated=gated,
     )
 
 
