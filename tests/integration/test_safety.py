@@ -418,3 +418,22 @@ def test_kinds_can_refuse_an_operator_retry_with_advice(redis_clean: None) -> No
     with pytest.raises(JobStateError, match="request a new export instead"):
         retry_job(job_id=job_id, actor="ops")
     assert kind.retry_instead and Job.objects.count() == 1
+
+
+def test_a_tenant_budget_limits_only_that_tenant(tmp_path: Path, redis_clean: None) -> None:
+    budget = budgets.create_budget(
+        name="acme-daily", scope="kind", target="tests.spend", tenant="acme", spend_limit_minor=100, actor="ops"
+    )
+    world = str(tmp_path / "world.log")
+
+    def spend(tenant: str, n: int) -> int:
+        return enqueue(kind="tests.spend", input={"world": world, "cost": 100, "n": n, "seconds": 0, "tenant": tenant}).job_id
+
+    first, second, other = spend("acme", 1), spend("acme", 2), spend("globex", 3)
+    for _ in range(3):
+        drain()
+    states = dict(Job.objects.filter(pk__in=[first, second, other]).values_list("id", "state"))
+    assert sorted([states[first], states[second]]) == ["parked", "succeeded"]  # acme: one spend of 100 fits
+    assert states[other] == "succeeded"  # globex is not acme's budget
+    assert BudgetUsage.objects.get(budget=budget).spent_minor == 100
+    assert len(world_effects(world)) == 2
