@@ -437,3 +437,26 @@ def test_a_tenant_budget_limits_only_that_tenant(tmp_path: Path, redis_clean: No
     assert states[other] == "succeeded"  # globex is not acme's budget
     assert BudgetUsage.objects.get(budget=budget).spent_minor == 100
     assert len(world_effects(world)) == 2
+
+
+def test_budget_parked_jobs_resume_when_the_period_rolls_over(tmp_path: Path, redis_clean: None) -> None:
+    budget = budgets.create_budget(
+        name="daily-100", scope="kind", target="tests.spend", timezone="Asia/Tokyo", spend_limit_minor=100, actor="ops"
+    )
+    world = str(tmp_path / "world.log")
+    ids = [enqueue(kind="tests.spend", input={"world": world, "cost": 100, "n": n, "seconds": 0}).job_id for n in range(2)]
+    for _ in range(3):
+        drain()
+    parked = Job.objects.get(pk__in=ids, state="parked")
+    today = budgets.period_for(budget)
+    assert parked.parked_on["period"] == today.isoformat()
+    assert budgets.unpark_ready() == 0
+
+    # Midnight in Tokyo: what was spent and parked now belongs to yesterday.
+    yesterday = today - timedelta(days=1)
+    BudgetUsage.objects.filter(budget=budget).update(period=yesterday)
+    Job.objects.filter(pk=parked.pk).update(parked_on={**parked.parked_on, "period": yesterday.isoformat()})
+    assert budgets.unpark_ready() == 1
+    run_until(parked.pk, "succeeded")
+    usage = {u.period: u.spent_minor for u in BudgetUsage.objects.filter(budget=budget)}
+    assert usage == {yesterday: 100, today: 100}
