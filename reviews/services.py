@@ -26,9 +26,9 @@ from django.utils import timezone
 from koala.audit import record_audit
 from koala.redaction import redact_text
 from reviews.models import ReviewRequest, ReviewState
-from workers import doorbell
 from workers.errors import SafetyError
 from workers.models import FailureReason, Job, JobState, ParkReason
+from workers.services.jobs import unpark_jobs
 
 
 def action_digest(binding: dict[str, Any]) -> str:
@@ -169,9 +169,7 @@ def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRe
         review = _get(review_id)
         if not updated:
             raise SafetyError(decision_blocker(review=review, actor=actor) or f"review {review_id} cannot be approved now.")
-        requeued = Job.objects.filter(pk=review.job_id, state=JobState.PARKED, park_reason=ParkReason.WAITING_REVIEW).update(
-            state=JobState.QUEUED, park_reason=None, park_detail="", parked_on={}, parked_at=None, scheduled_at=now
-        )
+        requeued = unpark_jobs(job_ids=[review.job_id], reason=ParkReason.WAITING_REVIEW)
         record_audit(
             actor=actor,
             action="review.approve",
@@ -179,9 +177,6 @@ def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRe
             target_id=review_id,
             details={"job": review.job_id, "digest": review.digest, "comment": review.comment, "requeued": bool(requeued)},
         )
-        if requeued:
-            job = Job.objects.only("queue", "version").get(pk=review.job_id)
-            transaction.on_commit(lambda: doorbell.ring(job.queue, [(job.pk, job.version)]))
     return review
 
 

@@ -23,9 +23,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from koala.audit import record_audit
-from workers import doorbell
 from workers.errors import SafetyError
 from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Scope
+from workers.services.jobs import unpark_jobs
 
 LIMIT_FIELDS = ("spend_limit_minor", "request_limit", "concurrency_limit", "run_seconds_limit", "attempt_limit")
 
@@ -434,33 +434,18 @@ def unpark_ready(*, batch: int = 1000) -> int:
     parked = list(
         Job.objects.filter(state=JobState.PARKED, park_reason=ParkReason.BUDGET)
         .order_by("parked_at")
-        .values_list("id", "queue", "version", "parked_on")[:batch]
+        .values_list("id", "parked_on")[:batch]
     )
     if not parked:
         return 0
-    budgets = Budget.objects.in_bulk({int(p[3].get("budget_id") or 0) for p in parked})
+    budgets = Budget.objects.in_bulk({int(p[1].get("budget_id") or 0) for p in parked})
     verdict: dict[tuple[Any, ...], bool] = {}
-    ready: list[tuple[int, str, int]] = []
-    for job_id, queue, version, parked_on in parked:
+    ready: list[int] = []
+    for job_id, parked_on in parked:
         key = (parked_on.get("budget_id"), parked_on.get("limit"), parked_on.get("need"), parked_on.get("period"))
         if key not in verdict:
             verdict[key] = _has_room(budgets.get(int(parked_on.get("budget_id") or 0)), parked_on)
         if verdict[key]:
-            ready.append((job_id, queue, version))
-    if not ready:
-        return 0
+            ready.append(job_id)
     with transaction.atomic():
-        moved = list(
-            Job.objects.filter(pk__in=[r[0] for r in ready], state=JobState.PARKED, park_reason=ParkReason.BUDGET).values_list(
-                "id", flat=True
-            )
-        )
-        Job.objects.filter(pk__in=moved, state=JobState.PARKED).update(
-            state=JobState.QUEUED, park_reason=None, park_detail="", parked_on={}, parked_at=None, scheduled_at=timezone.now()
-        )
-        by_queue: dict[str, list[tuple[int, int]]] = {}
-        for job_id, queue, version in ready:
-            if job_id in moved:
-                by_queue.setdefault(queue, []).append((job_id, version))
-        transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
-    return len(moved)
+        return len(unpark_jobs(job_ids=ready, reason=ParkReason.BUDGET))

@@ -287,6 +287,29 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
     return result
 
 
+def unpark_jobs(*, job_ids: Sequence[int], reason: str) -> list[int]:
+    """Queue again the jobs among ``job_ids`` still parked for ``reason``; ring after commit.
+
+    One conditional UPDATE decides: a job unparked (or cancelled) meanwhile by someone else
+    is not touched and not rung. Call inside the caller's transaction (its audit row).
+    """
+    if not job_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workers_job SET state = 'queued', park_reason = NULL, park_detail = '', parked_on = '{}'::jsonb, "
+            "parked_at = NULL, scheduled_at = now(), updated_at = now() "
+            "WHERE id = ANY(%s) AND state = 'parked' AND park_reason = %s RETURNING id, queue, version",
+            [list(job_ids), reason],
+        )
+        moved = cursor.fetchall()
+    by_queue: dict[str, list[tuple[int, int]]] = {}
+    for job_id, queue, version in moved:
+        by_queue.setdefault(queue, []).append((job_id, version))
+    transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
+    return [row[0] for row in moved]
+
+
 def requeue_job(*, job_id: int, actor: str) -> Job:
     """Make a waiting or parked job due now, or take a running job away from its (stuck) holder.
 

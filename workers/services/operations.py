@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
-from workers import doorbell
 from workers.errors import SafetyError
-from workers.models import Job, JobState, Operation, OperationState, ParkReason, Resolution
+from workers.models import JobState, Operation, OperationState, ParkReason, Resolution
 from workers.services import budgets
+from workers.services.jobs import unpark_jobs
 
 OPEN_STATES = (OperationState.IN_FLIGHT, OperationState.UNCERTAIN)
 
@@ -61,9 +61,7 @@ def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: st
         op.error_message = redact_text(f"resolved by {actor}: {text}")
         op.settled_at = timezone.now()
         op.save()
-        requeued = Job.objects.filter(pk=op.job_id, state=JobState.PARKED, park_reason=ParkReason.NEEDS_ATTENTION).update(
-            state=JobState.QUEUED, park_reason=None, park_detail="", parked_on={}, parked_at=None, scheduled_at=timezone.now()
-        )
+        requeued = unpark_jobs(job_ids=[op.job_id], reason=ParkReason.NEEDS_ATTENTION)
         record_audit(
             actor=actor,
             action="operation.resolve",
@@ -77,7 +75,4 @@ def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: st
                 "requeued": bool(requeued),
             },
         )
-        if requeued:
-            job = Job.objects.only("queue", "version").get(pk=op.job_id)
-            transaction.on_commit(lambda: doorbell.ring(job.queue, [(job.pk, job.version)]))
     return op
