@@ -278,21 +278,35 @@ def reserve(*, kind: str, queue: str, tenant: str, estimate_minor: int) -> list[
         granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
         for budget_id, name, period in applicable:
             if budget_id not in granted:
-                raise _exhausted(budget_id=budget_id, name=name, period=period, need=estimate_minor)
+                raise _exhausted(budget_id=budget_id, name=name, period=period, need=estimate_minor, limits=("requests", "spend"))
     return [[usage_id, estimate_minor] for usage_id in granted.values()]
 
 
-def _exhausted(*, budget_id: int, name: str, period: date, need: int) -> BudgetExhausted:
+def _room(budget: Budget, usage: BudgetUsage, limit: str, need: int) -> bool:
+    """Whether ``limit`` of ``budget`` still admits one more call needing ``need`` (the SQL's rule, in Python)."""
+    if limit == "spend":
+        return budget.spend_limit_minor is None or usage.spent_minor + usage.reserved_minor + need <= budget.spend_limit_minor
+    if limit == "requests":
+        return budget.request_limit is None or usage.requests + 1 <= budget.request_limit
+    if limit == "attempts":
+        return budget.attempt_limit is None or usage.attempts < budget.attempt_limit
+    if limit == "run_seconds":
+        return budget.run_seconds_limit is None or usage.run_seconds < budget.run_seconds_limit
+    return True
+
+
+def _exhausted(*, budget_id: int, name: str, period: date, need: int, limits: tuple[str, str]) -> BudgetExhausted:
+    """Explain a refusal: the first of ``limits`` without room (the last one if a race already freed it)."""
     budget = Budget.objects.get(pk=budget_id)
     usage = usage_for(budget=budget, on=period)
-    if budget.request_limit is not None and usage.requests + 1 > budget.request_limit:
-        limit, detail = "requests", f"request limit {budget.request_limit} reached"
-    else:
-        limit = "spend"
-        detail = (
-            f"spend limit {budget.spend_limit_minor} {budget.currency} (minor units) would be exceeded: "
-            f"{usage.spent_minor} spent + {usage.reserved_minor} reserved + {need} needed"
-        )
+    limit = next((candidate for candidate in limits if not _room(budget, usage, candidate, need)), limits[-1])
+    detail = {
+        "requests": f"request limit {budget.request_limit} reached",
+        "spend": f"spend limit {budget.spend_limit_minor} {budget.currency} (minor units) would be exceeded: "
+        f"{usage.spent_minor} spent + {usage.reserved_minor} reserved + {need} needed",
+        "attempts": f"attempt limit {budget.attempt_limit} reached",
+        "run_seconds": f"run-time limit {budget.run_seconds_limit}s reached",
+    }[limit]
     return BudgetExhausted(
         budget_id=budget_id, name=name, limit=limit, need=need, period=period, detail=f"budget {name!r} for {period}: {detail}"
     )
@@ -381,20 +395,7 @@ def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]
         granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
         for budget_id, name, period in applicable:
             if budget_id not in granted:
-                budget = Budget.objects.get(pk=budget_id)
-                usage = usage_for(budget=budget, on=period)
-                if budget.attempt_limit is not None and usage.attempts >= budget.attempt_limit:
-                    limit, detail = "attempts", f"attempt limit {budget.attempt_limit} reached"
-                else:
-                    limit, detail = "run_seconds", f"run-time limit {budget.run_seconds_limit}s reached"
-                raise BudgetExhausted(
-                    budget_id=budget_id,
-                    name=name,
-                    limit=limit,
-                    need=0,
-                    period=period,
-                    detail=f"budget {name!r} for {period}: {detail}",
-                )
+                raise _exhausted(budget_id=budget_id, name=name, period=period, need=0, limits=("attempts", "run_seconds"))
     return list(granted.values())
 
 
@@ -416,17 +417,7 @@ def _has_room(budget: Budget | None, parked_on: dict[str, Any]) -> bool:
     if parked_on.get("period") != period.isoformat():
         return True  # a new period began
     usage = usage_for(budget=budget, on=period)
-    limit = parked_on.get("limit")
-    need = int(parked_on.get("need") or 0)
-    if limit == "spend":
-        return budget.spend_limit_minor is None or usage.spent_minor + usage.reserved_minor + need <= budget.spend_limit_minor
-    if limit == "requests":
-        return budget.request_limit is None or usage.requests + 1 <= budget.request_limit
-    if limit == "attempts":
-        return budget.attempt_limit is None or usage.attempts < budget.attempt_limit
-    if limit == "run_seconds":
-        return budget.run_seconds_limit is None or usage.run_seconds < budget.run_seconds_limit
-    return True
+    return _room(budget, usage, str(parked_on.get("limit")), int(parked_on.get("need") or 0))
 
 
 def unpark_ready(*, batch: int = 1000) -> int:
