@@ -460,3 +460,21 @@ def test_budget_parked_jobs_resume_when_the_period_rolls_over(tmp_path: Path, re
     run_until(parked.pk, "succeeded")
     usage = {u.period: u.spent_minor for u in BudgetUsage.objects.filter(budget=budget)}
     assert usage == {yesterday: 100, today: 100}
+
+
+def test_attempt_and_run_time_limits_park_at_claim_time(tmp_path: Path, redis_clean: None) -> None:
+    log = str(tmp_path / "steady.log")
+    budget = budgets.create_budget(name="tries", scope="kind", target="tests.steady", attempt_limit=2, actor="ops")
+    ids = [enqueue(kind="tests.steady", input={"log": log, "seconds": 0, "n": n}).job_id for n in range(3)]
+    for _ in range(3):
+        drain()
+    assert sorted(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == ["parked", "succeeded", "succeeded"]
+    parked = Job.objects.get(pk__in=ids, state="parked")
+    assert parked.attempts == 0 and "attempt limit 2 reached" in parked.park_detail
+    assert BudgetUsage.objects.get(budget=budget).attempts == 2
+
+    budgets.update_budget(budget_id=budget.pk, actor="ops", attempt_limit=None, run_seconds_limit=0)
+    assert budgets.unpark_ready() == 1
+    drain()
+    parked.refresh_from_db()
+    assert parked.state == "parked" and "run-time limit 0s reached" in parked.park_detail
