@@ -119,7 +119,7 @@ class _Ledger:
         self.params = params
         self.perform = perform
         self.reconcile = reconcile
-        self.key = key or f"{ctx.idempotency_key}:{name}"
+        self.key = key or ctx.operation_key(name)
         self.fingerprint = fingerprint(params)
         self.estimate = estimate_minor
         self.amount = amount_minor

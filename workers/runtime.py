@@ -104,9 +104,13 @@ class JobContext:
         self.checkpoint()
         return run_operation(self, name, **options)
 
+    def operation_key(self, name: str) -> str:
+        """The default key of step ``name``: stable across retries, unique per job and step."""
+        return f"{self.idempotency_key}:{name}"
+
     def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:
         """The stored ledger row of step ``name`` (any state), e.g. the params of a crashed publish."""
-        return Operation.objects.filter(key=key or f"{self.idempotency_key}:{name}").first()
+        return Operation.objects.filter(key=key or self.operation_key(name)).first()
 
     def set_state(self, **delta: Any) -> None:
         """Top-level keys merged into the run's state when the attempt completes."""
