@@ -28,8 +28,8 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
-from django.db.models import Exists, F
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -42,9 +42,9 @@ from exports.streaming import CopyReader, StreamError
 from koala.redaction import redact_text
 from workers.errors import Declined, NotPerformed, OutcomeUnknown, Retryable, TerminalFailure
 from workers.kinds import job_kind
-from workers.models import Job, JobState
 from workers.operations import ABSENT, OperationResult
 from workers.runtime import JobContext
+from workers.services import leases
 
 # The output's timestamps and dates must not depend on the server's or the role's defaults.
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle": "iso_8601"}
@@ -342,16 +342,18 @@ class ExportAttempt:
 
     # -- helpers ------------------------------------------------------------------------------
     def _fenced(self, **fields: Any) -> None:
-        """Update the export row only while this attempt holds the job's live lease."""
-        lease = Job.objects.filter(
-            pk=self.ctx.job_id, lease_token=self.ctx.lease.lease_token, state=JobState.RUNNING, lease_expires_at__gt=Now()
-        )
-        with self.ctx.waiting("db"):
-            updated = (
-                Export.objects.filter(pk=self.export_id, state__in=[ExportState.QUEUED, ExportState.RUNNING])
-                .filter(Exists(lease))
-                .update(**fields, updated_at=timezone.now())
-            )
+        """Update the export row only while this attempt holds the job's live lease.
+
+        The strict fence (leases.hold_lease) locks the job row in the same transaction, so the
+        export record can never be written by an attempt whose job was reclaimed meanwhile.
+        """
+        with self.ctx.waiting("db"), transaction.atomic():
+            if leases.hold_lease(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token) is not None:
+                updated = 0
+            else:
+                updated = Export.objects.filter(pk=self.export_id, state__in=[ExportState.QUEUED, ExportState.RUNNING]).update(
+                    **fields, updated_at=timezone.now()
+                )
         if updated == 1:
             return
         self.ctx.heartbeat()  # raises StaleAttempt with the engine's reason if the lease is gone

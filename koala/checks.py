@@ -50,3 +50,20 @@ def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             )
         ]
     return []
+
+
+@register()
+def check_session_bounds(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    # A stale attempt's transaction must end (idle-in-transaction) and every statement must give
+    # up before the lease it runs under expires, or a partitioned worker can still hold locks
+    # when its job is reclaimed (docs/guarantees.md).
+    errors = []
+    lease = settings.KOALA_LEASE_SECONDS
+    for name in (
+        "KOALA_DB_STATEMENT_TIMEOUT_SECONDS",
+        "KOALA_DB_LOCK_TIMEOUT_SECONDS",
+        "KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+    ):
+        if getattr(settings, name) >= lease:
+            errors.append(Error(f"{name} must be shorter than KOALA_LEASE_SECONDS ({lease:g}).", id="koala.E005"))
+    return errors

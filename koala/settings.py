@@ -60,6 +60,15 @@ try:
     KOALA_HEARTBEAT_SECONDS = env.number("KOALA_HEARTBEAT_SECONDS", 10.0, minimum=0.1)
     KOALA_ORPHAN_GRACE_SECONDS = env.number("KOALA_ORPHAN_GRACE_SECONDS", 10.0, minimum=0.0)
     KOALA_SHUTDOWN_DEADLINE_SECONDS = env.number("KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0, minimum=0.0)
+    # Bounds on every wait of a worker's or beat's database session (workers/dbsession.py), all
+    # shorter than the lease: a partitioned attempt's transaction is ended by the server (idle in
+    # transaction), a reclaimer never queues behind it for long (lock), and no statement outlives
+    # the lease it runs under (statement). Defaults: a third, a sixth and a third of the lease.
+    KOALA_DB_STATEMENT_TIMEOUT_SECONDS = env.number("KOALA_DB_STATEMENT_TIMEOUT_SECONDS", KOALA_LEASE_SECONDS / 3, minimum=0.05)
+    KOALA_DB_LOCK_TIMEOUT_SECONDS = env.number("KOALA_DB_LOCK_TIMEOUT_SECONDS", KOALA_LEASE_SECONDS / 6, minimum=0.05)
+    KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = env.number(
+        "KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", KOALA_LEASE_SECONDS / 3, minimum=0.05
+    )
     KOALA_BEAT_INTERVAL_SECONDS = env.number("KOALA_BEAT_INTERVAL_SECONDS", 2.0, minimum=0.05)
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)

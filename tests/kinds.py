@@ -168,8 +168,12 @@ def _charge_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     amount = int(open(data["amount_file"]).read().strip()) if "amount_file" in data else int(data.get("amount", 100))
     mode = data.get("mode", "")
     effect(world, f"start {ctx.job_id} {ctx.attempt}")
+    if ctx.attempt == 1 and data.get("first_attempt_sleep"):
+        time.sleep(float(data["first_attempt_sleep"]))  # a long first attempt: room to partition it
 
     def perform(key: str) -> OperationResult:
+        # Every call that reaches the provider, with the caller's pid: "which attempt sent it".
+        effect(world, f"call {key} {ctx.attempt} {os.getpid()}")
         if mode == "declined":
             raise Declined("card declined")
         if mode == "not_performed_once" and _marker(world, "np"):

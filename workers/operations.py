@@ -79,13 +79,6 @@ def fingerprint(params: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-# An attempt may write only while it holds the job's live lease.
-_FENCE = (
-    "EXISTS (SELECT 1 FROM workers_job j WHERE j.id = %(job)s AND j.lease_token = %(token)s "
-    "AND j.state IS NOT DISTINCT FROM 'running' AND j.lease_expires_at > now())"
-)
-
-
 class _NeedsReview(Exception):
     """No usable approval: roll the send transaction back, then ask for one."""
 
@@ -138,24 +131,30 @@ class _Ledger:
     def _text(self, text: str) -> str:
         return redact_text(text, secrets=self.secrets)
 
-    def _stale(self) -> StaleAttempt:
-        rejection = leases.rejection_for(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token)
-        self.ctx.reject(rejection)
-        return StaleAttempt(rejection)
-
     def _load(self) -> Operation | None:
         return Operation.objects.filter(key=self.key).first()
 
+    def _hold(self) -> None:
+        """The strict fence (leases.hold_lease): lock our job row for this transaction, or raise StaleAttempt."""
+        rejection = leases.hold_lease(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token)
+        if rejection is not None:
+            self.ctx.reject(rejection)
+            raise StaleAttempt(rejection)
+
     def _update(self, op_id: int, sets: str, values: dict[str, Any], *, own: bool = True) -> None:
-        """A fenced UPDATE of the operation row; zero rows means this attempt is stale."""
+        """A fenced UPDATE of the operation row; a stale attempt gets StaleAttempt and writes nothing."""
         own_sql = " AND lease_token = %(token)s" if own else ""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE workers_operation SET {sets}, updated_at = now() WHERE id = %(op)s{own_sql} AND {_FENCE}",
-                {**values, **self.fence, "op": op_id},
-            )
-            if cursor.rowcount != 1:
-                raise self._stale()
+        with transaction.atomic():
+            self._hold()
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE workers_operation SET {sets}, updated_at = now() WHERE id = %(op)s{own_sql}",
+                    {**values, **self.fence, "op": op_id},
+                )
+                if cursor.rowcount != 1:
+                    # Our lease is live (we hold it), so the row itself moved on: another job
+                    # holding the same key, or a person's resolution. Never overwrite it.
+                    raise Retryable("operation row changed concurrently; retrying to reconcile", retry_after=1)
 
     # -- the state machine ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -283,6 +282,9 @@ class _Ledger:
         # reserved and the row says in_flight, or none of it happened.
         try:
             with transaction.atomic():
+                # First statement: lock our job row, so no reclaim can happen until COMMIT and a
+                # stale attempt uses no approval, reserves no budget and records nothing.
+                self._hold()
                 if gate is not None and not reviews.consume_approval(
                     job_id=self.ctx.job_id, operation_key=self.key, digest=gate[0]
                 ):
@@ -297,6 +299,11 @@ class _Ledger:
         except BudgetExhausted as exc:
             self._on_exhausted(exc)
             raise Park(ParkReason.BUDGET, exc.detail, exc.parked_on) from None
+        # Re-check (and renew) the lease between the in-flight COMMIT and the call: the commit's
+        # reply may have arrived late (a stall, a partition that healed), after the job was
+        # reclaimed. A stale attempt stops here; the row it left in_flight is reconciled by the
+        # attempt that owns the job now. Renewing gives the call a full lease of time.
+        self.ctx.confirm_lease()
         return self._call(op_id, reservations)
 
     def _on_exhausted(self, exc: BudgetExhausted) -> None:
@@ -319,6 +326,7 @@ class _Ledger:
             pass  # already paused
 
     def _mark_in_flight(self, op: Operation | None, reservations: list[list[int]]) -> int:
+        """Record the call as in flight; the caller's transaction already holds the lease (_hold)."""
         values = {
             **self.fence,
             "attempt": self.ctx.attempt_id,
@@ -335,15 +343,14 @@ class _Ledger:
         with connection.cursor() as cursor:
             if op is None:
                 cursor.execute(
-                    f"""
+                    """
                     INSERT INTO workers_operation
                         (job_id, attempt_id, lease_token, name, key, kind, fingerprint, params, state, resolution,
                          external_id, response, result, amount_minor, target, estimate_minor, cost_minor, usage,
                          reservations, error_message, attempts, created_at, updated_at, settled_at)
                     SELECT %(job)s, %(attempt)s, %(token)s, %(name)s, %(key)s, %(kind)s, %(fp)s, %(params)s::jsonb,
-                           'in_flight', '', '', '{{}}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{{}}',
+                           'in_flight', '', '', '{}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{}',
                            %(res)s::jsonb, '', 1, now(), now(), NULL
-                    WHERE {_FENCE}
                     ON CONFLICT (key) DO NOTHING
                     RETURNING id
                     """,
@@ -351,23 +358,21 @@ class _Ledger:
                 )
                 row = cursor.fetchone()
                 if row is None:
-                    if self._load() is not None:
-                        # Another attempt of the same key got there first (a duplicate job with the
-                        # same operation key): never send twice; let the retry find its row.
-                        raise Retryable("operation row written concurrently; retrying to reconcile", retry_after=1)
-                    raise self._stale()
+                    # We hold our job's lease, so the row is another job's with the same key (a
+                    # duplicate job): never send twice; let the retry find and reconcile it.
+                    raise Retryable("operation row written concurrently; retrying to reconcile", retry_after=1)
                 return int(row[0])
             cursor.execute(
-                f"""
+                """
                 UPDATE workers_operation
                 SET state = 'in_flight', attempt_id = %(attempt)s, lease_token = %(token)s, reservations = %(res)s::jsonb,
                     estimate_minor = %(est)s, attempts = attempts + 1, error_message = '', updated_at = now()
-                WHERE id = %(op)s AND state = 'failed' AND {_FENCE}
+                WHERE id = %(op)s AND state = 'failed'
                 """,
                 {**values, "op": op.pk},
             )
             if cursor.rowcount != 1:
-                raise self._stale()
+                raise Retryable("operation row changed concurrently; retrying to reconcile", retry_after=1)
             return op.pk
 
     def _call(self, op_id: int, reservations: list[list[int]]) -> dict[str, Any]:

@@ -86,6 +86,18 @@ class JobContext:
         self._runtime.beat(self)
         self.checkpoint()
 
+    def confirm_lease(self) -> None:
+        """Renew the lease now and raise StaleAttempt if it is gone (the ledger calls this right
+        before each outbound call). A database error propagates: without a confirmed lease
+        nothing may be sent."""
+        rejection = leases.heartbeat(
+            job_id=self.job_id, lease_token=self.lease.lease_token, lease_seconds=self._runtime.lease_seconds
+        )
+        if rejection is not None:
+            self.reject(rejection)
+            raise StaleAttempt(rejection)
+        self.last_beat_at = time.monotonic()
+
     def checkpoint(self) -> None:
         """Raise StaleAttempt if this attempt may no longer act, Paused if a stop pause covers it."""
         if self.rejection is not None:
@@ -402,6 +414,12 @@ class WorkerRuntime:
         elif what == "interrupted":
             error = AttemptTimeout(f"attempt exceeded its time limit of {lease.timeout_seconds:g}s")
             reason = FailureReason.FATAL
+        elif isinstance(value, OperationalError | InterfaceError):
+            # The body lost the database (a partition, a session the server ended for idling in
+            # a transaction, a failover): transient by nature, and nothing after it was recorded.
+            error = Retryable(f"database connection lost during the attempt ({type(value).__name__})")
+            reason = FailureReason.FATAL
+            connection.close()
         else:
             error = value
             reason = FailureReason.TERMINAL if isinstance(error, TerminalFailure) else FailureReason.FATAL

@@ -204,6 +204,38 @@ def park_queued(*, job_id: int, reason: str, detail: str, parked_on: dict[str, A
         return cursor.rowcount == 1
 
 
+# The strict fence. Under READ COMMITTED an ``EXISTS (…lease_token = mine…)`` inside an INSERT
+# into another table is evaluated on the statement's snapshot and locks nothing: the reaper can
+# requeue the job and a new attempt claim it while this transaction is still open, and its
+# COMMIT then lands for a stale attempt. Locking the job row closes that window: the claim, the
+# reaper and every lease transition UPDATE that row, so none of them can change it until this
+# transaction ends (they skip it — FOR UPDATE SKIP LOCKED — rather than wait), and the WHERE is
+# re-checked on the newest row version after any wait (EvalPlanQual). NO KEY UPDATE, not SHARE:
+# the lock is held to write on the job's behalf, and it does not block inserts that reference
+# the job (attempts, operations) by foreign key.
+_HOLD_LEASE_SQL = (
+    "SELECT 1 FROM workers_job WHERE id = %s AND lease_token = %s AND state IS NOT DISTINCT FROM 'running' "
+    "AND lease_expires_at > now() FOR NO KEY UPDATE"
+)
+
+
+def hold_lease(*, job_id: int, lease_token: int) -> Rejection | None:
+    """Lock attempt ``lease_token``'s job row for the rest of the current transaction.
+
+    Every attempt-side write to a table other than ``workers_job`` (ledger, export records,
+    budgets reserved for a call) calls this first, inside the same transaction; None means the
+    lease is live and stays ours until COMMIT. A stalled transaction cannot keep it for long:
+    worker sessions end idle transactions (workers/dbsession.py).
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("hold_lease() must run inside transaction.atomic(): the lock lasts until COMMIT")
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_LEASE_SQL, [job_id, lease_token])
+        if cursor.fetchone() is not None:
+            return None
+    return rejection_for(job_id=job_id, lease_token=lease_token)
+
+
 def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None) -> Rejection:
     """Why a fenced write by attempt ``lease_token`` matched no row.
 

@@ -34,16 +34,25 @@ def reap(*, grace_seconds: float | None = None) -> ReapReport:
     """Expired lease → attempt orphaned. After the grace period: at_least_once requeues
     (if attempts remain), at_most_once fails with reason ``orphaned``."""
     grace = settings.KOALA_ORPHAN_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    # Each statement takes its jobs FOR UPDATE SKIP LOCKED: a job whose row a stalled attempt
+    # (or another beat replica) has locked is left for a later tick instead of waited for, so a
+    # partitioned worker or a partitioned beat can never stall the reaper. The row locks taken
+    # here last until COMMIT, so the requeue and fail statements below act on the same rows the
+    # first one orphaned, and a concurrent replica skips them.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             """
+            WITH expired AS (
+                SELECT id, lease_token, lease_expires_at FROM workers_job
+                WHERE state = 'running' AND lease_expires_at < now()
+                FOR NO KEY UPDATE SKIP LOCKED
+            )
             UPDATE workers_attempt a
             SET outcome = 'orphaned', finished_at = now(),
                 error_message = 'lease expired at '
                     || to_char(j.lease_expires_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ' without a report'
-            FROM workers_job j
+            FROM expired j
             WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
-              AND j.state = 'running' AND j.lease_expires_at < now()
             """
         )
         orphaned = cursor.rowcount
@@ -52,9 +61,13 @@ def reap(*, grace_seconds: float | None = None) -> ReapReport:
             UPDATE workers_job
             SET state = 'queued', scheduled_at = now(), lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
                 error_class = 'LeaseExpired', error_message = 'the previous attempt''s lease expired; requeued'
-            WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
-              AND delivery = 'at_least_once' AND attempts < max_attempts
-              AND (deadline_at IS NULL OR deadline_at > now())
+            WHERE id IN (
+                SELECT id FROM workers_job
+                WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+                  AND delivery = 'at_least_once' AND attempts < max_attempts
+                  AND (deadline_at IS NULL OR deadline_at > now())
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AND state = 'running'
             RETURNING id, queue, version
             """,
             [grace],
@@ -68,7 +81,11 @@ def reap(*, grace_seconds: float | None = None) -> ReapReport:
                 error_message = CASE WHEN delivery = 'at_most_once'
                     THEN 'lease expired; at_most_once does not run a body twice'
                     ELSE 'lease expired and no attempts or time remain' END
-            WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+            WHERE id IN (
+                SELECT id FROM workers_job
+                WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AND state = 'running'
             """,
             [grace],
         )
@@ -78,7 +95,11 @@ def reap(*, grace_seconds: float | None = None) -> ReapReport:
             UPDATE workers_job
             SET state = 'failed', failure_reason = 'deadline_exceeded', finished_at = now(), updated_at = now(),
                 error_class = 'DeadlineExceeded', error_message = 'the job''s overall deadline passed before it ran'
-            WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at <= now()
+            WHERE id IN (
+                SELECT id FROM workers_job
+                WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at <= now()
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AND state = 'queued'
             """
         )
         deadline_failed = cursor.rowcount

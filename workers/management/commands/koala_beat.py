@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
+from workers.dbsession import bound_sessions
 from workers.services.maintenance import dispatch, reap, safety_tick
 
 log = logging.getLogger("koala.beat")
@@ -36,6 +37,9 @@ class Command(BaseCommand):
         interval = options["interval"]
         if interval <= 0:
             raise CommandError("--interval must be positive.")
+        # The reaper takes over stale attempts' jobs: its sessions must never queue behind a
+        # partitioned worker's transaction for long (workers/dbsession.py).
+        bound_sessions()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: stop.set())

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rq.worker_pool import WorkerPool
 
 from workers import doorbell
+from workers.dbsession import bound_sessions
 from workers.rq_workers import WORKER_CLASSES, default_worker_name
 
 
@@ -46,6 +47,9 @@ class Command(BaseCommand):
         if deadline is not None and deadline < 0:
             raise CommandError("--shutdown-deadline cannot be negative.")
         worker_class = WORKER_CLASSES[options["worker_class"]]
+        # Every session of this process (and of pool children and fork horses, which inherit
+        # the receiver) bounds its waits below the lease: see workers/dbsession.py.
+        bound_sessions()
         worker_class.shutdown_deadline = deadline  # type: ignore[union-attr]
         connection = doorbell.redis_connection()
         try:

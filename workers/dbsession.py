@@ -1,0 +1,64 @@
+"""Bounds on every wait of a worker's (and the beat's) PostgreSQL sessions.
+
+A worker that stalls — a network partition that keeps sockets open, SIGSTOP, a long GC —
+must not be able to hold the engine hostage or act late:
+
+- ``idle_in_transaction_session_timeout``: a transaction whose client stopped talking is
+  ended by the server, releasing its locks (the job row the strict fence locked, an
+  operation row's unique key). Its COMMIT can then never land, however late it arrives.
+- ``lock_timeout``: a statement queued behind another session's lock gives up instead of
+  waiting as long as that session lives. The engine's reclaiming statements skip locked
+  rows anyway (``FOR UPDATE SKIP LOCKED``); this bounds the rest.
+- ``statement_timeout``: no statement of an attempt runs longer than part of its lease.
+
+All three are shorter than the lease (system check koala.E005), set per session when Django
+opens a connection. Only the worker and beat processes install them: the web process,
+migrations and management commands keep PostgreSQL's defaults (a concurrent index build or
+a large COPY may rightly take minutes). The export stream's own read-only connection sets
+its statement timeout from the export's time limit (exports/streaming.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(int(seconds * 1000), 1)}ms"
+
+
+def session_bounds() -> dict[str, str]:
+    """The settings applied to each bounded session (for the docs, the dashboard and tests)."""
+    return {
+        "statement_timeout": _ms(settings.KOALA_DB_STATEMENT_TIMEOUT_SECONDS),
+        "lock_timeout": _ms(settings.KOALA_DB_LOCK_TIMEOUT_SECONDS),
+        "idle_in_transaction_session_timeout": _ms(settings.KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS),
+    }
+
+
+def apply_bounds(connection: BaseDatabaseWrapper) -> None:
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return
+    bounds = session_bounds()
+    with connection.connection.cursor() as cursor:  # the raw cursor: no Django wrapping, no recursion
+        cursor.execute(
+            "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false), "
+            "set_config('idle_in_transaction_session_timeout', %s, false)",
+            [bounds["statement_timeout"], bounds["lock_timeout"], bounds["idle_in_transaction_session_timeout"]],
+        )
+
+
+def _on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    apply_bounds(connection)
+
+
+def bound_sessions() -> None:
+    """Bound this process's database sessions from now on (new connections and open ones)."""
+    connection_created.connect(_on_connection_created, dispatch_uid="koala-bounded-sessions")
+    for conn in connections.all(initialized_only=True):
+        apply_bounds(conn)
