@@ -211,9 +211,10 @@ def order_and_charge(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- model.complete ----------------------------------------------------------------------------------
-# Every call names its output bound: the provider stops generating at max_tokens.
+# Every call names its output bound (the provider stops generating at max_tokens): the job's
+# own value, or this default, never the provider's.
 DEFAULT_MAX_TOKENS = 256
-MAX_OUTPUT_TOKENS = 4096
+MAX_OUTPUT_TOKENS = models.MAX_OUTPUT_TOKENS
 
 
 def _max_tokens(data: dict[str, Any]) -> int:

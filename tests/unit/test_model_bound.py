@@ -10,6 +10,8 @@ import pytest
 from tests.fakes.provider import count_tokens
 from workers.effect_kinds import DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS, _max_tokens, _validate_model_input, token_bound
 from workers.models import ModelPrice
+from workers.providers.http import Endpoint
+from workers.providers.models import ModelsClient
 from workers.services.budgets import price_tokens
 
 SAMPLES = {
@@ -78,3 +80,11 @@ def test_the_priced_bound_covers_every_bill_within_it() -> None:
         reserved = price_tokens(price, input_tokens=bound_in, output_tokens=bound_out)
         billed = price_tokens(price, input_tokens=rng.randint(0, bound_in), output_tokens=rng.randint(0, bound_out))
         assert billed <= reserved
+
+
+def test_the_client_never_sends_a_request_without_an_output_bound() -> None:
+    # Port 9 on loopback (discard): a request that got past the check would fail differently.
+    client = ModelsClient(Endpoint(name="models", base_url="http://127.0.0.1:9", api_key="", timeout=1, connect_timeout=1))
+    for bad in (0, MAX_OUTPUT_TOKENS + 1, True, None):
+        with pytest.raises(ValueError, match="max_tokens"):
+            client.complete(key="k", model="m", prompt="p", max_tokens=bad)  # type: ignore[arg-type]

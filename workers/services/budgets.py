@@ -2,7 +2,10 @@
 
 - Spend and requests are *reserved* before an outbound call with one conditional UPDATE
   over every budget that applies; the row count decides. Concurrent workers can never
-  overshoot, because each reservation re-checks the row it locks.
+  overshoot, because each reservation re-checks the row it locks and is a true upper
+  bound of its call's cost (for model calls: ``price_tokens`` of prompt bytes in and
+  ``max_tokens`` out). A bill above its reservation anyway is returned by ``settle``
+  and pauses the budget's scope (``pause_overshot``).
 - Concurrency is checked at claim time under a lock on the budget row, counting running
   jobs from the job table itself (a crashed worker cannot leak a counter).
 - Attempts and run time are counted per period for budgets that limit them.
