@@ -36,11 +36,6 @@ that many requests, otherwise it lasts until ``{"reset": true}``)::
     {"fault": "decline", "status": 402, "code": "card_declined", "message": "..."}  a business refusal
     {"fault": "lookup_disabled"}                    lookups answer 501: nothing can be reconciled
     {"fault": "slow", "seconds": S}                 hold each request S seconds before processing it
-    {"fault": "overbill"}                           bill a completion 2 input tokens a prompt byte: more than
-                                                    any byte-level tokenizer can yield (a provider's billing bug)
-
-Completions bill tokens the way a byte-level tokenizer counts them (``count_tokens``): dense
-text (digits, emoji) costs a token a byte, prose about a token per 4-5 bytes.
 """
 
 from __future__ import annotations
@@ -69,7 +64,9 @@ RESOURCES = {"/v1/orders": "orders", "/v1/charges": "charges", "/v1/models/compl
 ID_PREFIX = {"orders": "ord", "charges": "ch", "completions": "cmpl"}
 FAULTS = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow")
 DEFAULT_MODELS = ("m-small", "m-large")
-FAULTS += ("overbill",)  # (kept apart from the tuple above: a billing fault, completions only)
+# {"fault": "overbill"}: bill a completion 2 input tokens a prompt byte, more than any byte-level
+# tokenizer can yield (a provider's billing bug). Completions otherwise bill what count_tokens counts.
+FAULTS += ("overbill",)
 
 
 @dataclass
@@ -108,8 +105,8 @@ def fingerprint(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# One token each: an ASCII word with its leading space, a digit (with its leading space), any
-# other ASCII character, one non-ASCII character.
+# The pieces count_tokens prices: an ASCII word with its leading space, a digit (with its
+# leading space), any other ASCII character, one non-ASCII character.
 _TOKEN = re.compile(r" ?[A-Za-z]+| ?[0-9]|[^\x00-\x7f]|.", re.DOTALL)
 
 
