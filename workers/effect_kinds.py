@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -27,11 +27,13 @@ from django.template.loader import get_template
 
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
-from workers.models import ModelPrice
 from workers.operations import ABSENT, OperationResult
 from workers.providers import email, models, payments
 from workers.runtime import JobContext
 from workers.services import budgets
+
+if TYPE_CHECKING:
+    from workers.models import ModelPrice
 
 MAX_RECIPIENTS = 10
 TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
