@@ -3,8 +3,8 @@
 Every figure is one aggregate query over the engine's rows, so what the page shows is what
 the database holds at ``now``: backlog depth and the age of the oldest due job per queue,
 running and parked counts, completions and error rates over 1 h / 24 h, p50/p95 queue wait
-and run time, budgets against their limits, calls billed past their reservation (budget
-overshoots), and worker health (healthy, idle, stuck, crash-looping, lost).
+and run time, budgets against their limits, and worker health (healthy, idle, stuck,
+crash-looping, lost).
 """
 
 from __future__ import annotations

@@ -4,13 +4,6 @@ Configured by ``KOALA_MODELS_URL`` and ``KOALA_MODELS_API_KEY`` (a secret: give 
 ``KOALA_MODELS_API_KEY_FILE`` in production), ``KOALA_MODELS_TIMEOUT_SECONDS`` and
 ``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``. Koala prices the usage from its own price
 table (ModelPrice); the provider's idea of the price is not used.
-
-The billing contract a model API must meet (Koala's spend caps rest on it): the usage billed
-for one call is at most one input token per UTF-8 byte of the prompt (true of every
-byte-level tokenizer: it merges bytes, never splits one) and at most ``max_tokens`` output
-tokens, and the same usage is reported by the completion and by its lookup. Every request
-names ``max_tokens`` (1..MAX_OUTPUT_TOKENS), so no call runs without an output bound. A bill
-beyond this is recorded as an overshoot and pauses the budget's scope (docs/safety.md).
 """
 
 from __future__ import annotations
@@ -26,6 +19,13 @@ MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of
 
 
 class ModelsClient:
+    """The billing contract a model API must meet (Koala's spend caps rest on it): the usage
+    billed for one call is at most one input token per UTF-8 byte of the prompt (true of every
+    byte-level tokenizer: it merges bytes, never splits one) and at most ``max_tokens`` output
+    tokens, and the same usage is reported by the completion and by its lookup. Every request
+    names ``max_tokens`` (1..MAX_OUTPUT_TOKENS), so no call runs without an output bound. A bill
+    beyond this is recorded as an overshoot and pauses the budget's scope (docs/safety.md)."""
+
     def __init__(self, endpoint: Endpoint) -> None:
         self.http = JsonClient(endpoint)
 
