@@ -29,6 +29,7 @@ from workers.services.pauses import active_pauses
 
 HOUR = dt.timedelta(hours=1)
 DAY = dt.timedelta(hours=24)
+WEEK = dt.timedelta(days=7)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Dashboard:
     cost: BarChart
     uncertain_operations: int
     pending_reviews: int
+    overshoots: list[Operation] = field(default_factory=list)
 
 
 def _queue_names(extra: Iterable[str]) -> list[str]:
@@ -323,6 +325,19 @@ def budget_bars(*, now: dt.datetime, only: Budget | None = None) -> list[BudgetB
     return bars
 
 
+def overshoots(*, now: dt.datetime, limit: int = 20) -> list[Operation]:
+    """Calls billed above their reservation (their upper bound) in the last week, newest first.
+
+    Each one broke the bound a spend cap relies on and paused its budget's scope
+    (budgets.pause_overshot); served by operation_overshoot_idx (a handful of rows).
+    """
+    return list(
+        Operation.objects.filter(overshoot_minor__gt=0, settled_at__gte=now - WEEK, settled_at__lte=now)
+        .only("id", "job_id", "name", "kind", "target", "estimate_minor", "cost_minor", "overshoot_minor", "settled_at")
+        .order_by("-settled_at")[:limit]
+    )
+
+
 def _hourly(rows: Iterable[tuple[dt.datetime, Any]], *, now: dt.datetime) -> list[tuple[dt.datetime, float]]:
     start = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=23)
     buckets = {start + dt.timedelta(hours=i): 0.0 for i in range(24)}
@@ -394,4 +409,5 @@ def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
         cost=cost,
         uncertain_operations=needing_attention().count(),
         pending_reviews=ReviewRequest.objects.filter(state=ReviewState.PENDING).count(),
+        overshoots=overshoots(now=now),
     )

@@ -3,7 +3,8 @@
 - ``email.send``: one message through Django's mailer (templates in workers/templates/koala/email/).
 - ``shop.order_and_charge``: create an order, then charge it, at the payment provider; the
   charge needs a reviewer's approval above 50.00 in the order's currency.
-- ``model.complete``: one priced model call; usage in tokens, cost priced by Koala from ModelPrice.
+- ``model.complete``: one priced model call; usage in tokens, cost priced by Koala from ModelPrice,
+  reserved first at its upper bound (``token_bound``: prompt bytes in, ``max_tokens`` out).
 
 Inputs are references and small values, never secrets: the provider credentials come from
 settings, a message body from a template. A prompt is the one document a job carries: the
@@ -16,9 +17,8 @@ what was done instead of doing it again (docs/effects.md).
 from __future__ import annotations
 
 import hashlib
-import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -31,6 +31,9 @@ from workers.operations import ABSENT, OperationResult
 from workers.providers import email, models, payments
 from workers.runtime import JobContext
 from workers.services import budgets
+
+if TYPE_CHECKING:
+    from workers.models import ModelPrice
 
 MAX_RECIPIENTS = 10
 TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -210,28 +213,52 @@ def order_and_charge(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- model.complete ----------------------------------------------------------------------------------
+# Every call names its output bound (the provider stops generating at max_tokens): the job's
+# own value, or this default, never the provider's.
+DEFAULT_MAX_TOKENS = 256
+MAX_OUTPUT_TOKENS = models.MAX_OUTPUT_TOKENS
+
+
+def _max_tokens(data: dict[str, Any]) -> int:
+    max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
+        raise ValueError(f"'max_tokens' must be an integer from 1 to {MAX_OUTPUT_TOKENS}")
+    return max_tokens
+
+
 def _validate_model_input(data: dict[str, Any]) -> None:
     if not isinstance(data.get("model"), str) or not 1 <= len(data["model"]) <= 100:
         raise ValueError("'model' must name a model")
     prompt = data.get("prompt")
     if not isinstance(prompt, str) or not 1 <= len(prompt) <= MAX_PROMPT_CHARS:
         raise ValueError(f"'prompt' must be a string of 1-{MAX_PROMPT_CHARS} characters")
-    max_tokens = data.get("max_tokens", 256)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096:
-        raise ValueError("'max_tokens' must be an integer from 1 to 4096")
+    _max_tokens(data)
 
 
-def _completion_result(completion: dict[str, Any]) -> OperationResult:
+def token_bound(*, prompt: str, max_tokens: int) -> dict[str, int]:
+    """The most tokens a call can be billed, from facts rather than a guess at density.
+
+    Input: a byte-level tokenizer (BPE over UTF-8 bytes, as the model APIs use) merges bytes
+    and never splits one, so it yields at most one token per UTF-8 byte of the prompt;
+    digits, emoji and rare scripts come close to that, prose is far below. Output: the
+    provider stops at ``max_tokens``. A provider that bills past this is breaking its own
+    contract: the ledger records the overshoot and pauses the budget's scope.
+    """
+    if not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
+        raise ValueError(f"max_tokens must be 1..{MAX_OUTPUT_TOKENS}, not {max_tokens}")
+    return {"input_tokens": len(prompt.encode("utf-8")), "output_tokens": max_tokens}
+
+
+def _completion_result(completion: dict[str, Any], price: ModelPrice | None = None) -> OperationResult:
     usage = completion.get("usage") or {}
-    tokens = {
-        "model": str(completion.get("model", "")),
-        "input_tokens": int(usage.get("input_tokens") or 0),
-        "output_tokens": int(usage.get("output_tokens") or 0),
-    }
+    tokens_in, tokens_out = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+    tokens = {"model": str(completion.get("model", "")), "input_tokens": tokens_in, "output_tokens": tokens_out}
     return OperationResult(
         external_id=str(completion["id"]),
         data={"id": completion["id"], "output": completion.get("output", ""), "usage": tokens},
-        cost_minor=None,  # Koala prices the tokens from ModelPrice
+        # Koala prices the tokens, at the price the reservation was made with, so an edit of the
+        # price table while the call runs cannot turn into a cost above its reservation.
+        cost_minor=None if price is None else budgets.price_tokens(price, input_tokens=tokens_in, output_tokens=tokens_out),
         usage=tokens,
         summary={"id": completion["id"], "model": tokens["model"], "usage": tokens},
     )
@@ -251,17 +278,37 @@ def _completion_result(completion: dict[str, Any]) -> OperationResult:
 )
 def complete(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     client = models.client()
-    model, prompt, max_tokens = data["model"], data["prompt"], int(data.get("max_tokens", 256))
-    # Reserve the most this call can cost: a generous 3 bytes a token in, every allowed token out.
-    worst_case = {"model": model, "input_tokens": math.ceil(len(prompt.encode()) / 3), "output_tokens": max_tokens}
+    model, prompt, max_tokens = data["model"], data["prompt"], _max_tokens(data)
+    price = budgets.model_price(model)
+    if price is None:
+        # Without a price the cost cannot be bounded, so no spend cap could hold it.
+        capped = [
+            b.name
+            for b in budgets.applicable(kind=ctx.lease.kind, queue=ctx.lease.queue, tenant=ctx.lease.tenant)
+            if b.spend_limit_minor is not None
+        ]
+        if capped:
+            raise TerminalFailure(
+                f"model {model!r} has no price, so its cost cannot be bounded under the spend limit of "
+                f"{', '.join(repr(name) for name in capped)}; set its price, then retry the job",
+                code="unpriced_model",
+            )
+    # Reserve the most this call can cost (token_bound, priced and rounded up): with a true
+    # upper bound, concurrent reservations that fit the cap cannot spend past it.
+    bound = token_bound(prompt=prompt, max_tokens=max_tokens)
+    estimate = 0 if price is None else budgets.price_tokens(price, **bound)
+
+    def result(answer: dict[str, Any]) -> OperationResult:
+        return _completion_result(answer, price)
+
     completion = ctx.operation(
         "complete",
         kind="model_call",
         # The prompt is fingerprinted by digest and never stored.
         params={"model": model, "max_tokens": max_tokens, "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest()},
-        perform=lambda key: _completion_result(client.complete(key=key, model=model, prompt=prompt, max_tokens=max_tokens)),
-        reconcile=lambda key: _found(client.lookup(key), _completion_result),
-        estimate_minor=budgets.price_usage(worst_case) or 0,
+        perform=lambda key: result(client.complete(key=key, model=model, prompt=prompt, max_tokens=max_tokens)),
+        reconcile=lambda key: _found(client.lookup(key), result),
+        estimate_minor=estimate,
         target=model,
     )
     return {"completion": _external_id(completion), "usage": completion.get("usage"), "output": completion.get("output")}

@@ -272,6 +272,13 @@ class Operation(models.Model):
     target = models.CharField(max_length=200, blank=True, default="")
     estimate_minor = models.BigIntegerField(default=0)
     cost_minor = models.BigIntegerField(null=True, blank=True)
+    # db_default: the ledger's hand-written INSERT (in flight, before any cost) leaves it out.
+    overshoot_minor = models.BigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Cost beyond the reservation (the call's upper bound): the provider billed more than the call "
+        "could cost. Non-zero pauses the budget's scope.",
+    )
     usage = models.JSONField(default=dict, blank=True)
     reservations = models.JSONField(
         default=list, blank=True, help_text="[[budget_usage_id, minor], …] held while the outcome is open."
@@ -290,6 +297,7 @@ class Operation(models.Model):
                 condition=Q(cost_minor__isnull=True) | Q(cost_minor__gte=0), name="operation_cost_not_negative"
             ),
             models.CheckConstraint(condition=Q(estimate_minor__gte=0), name="operation_estimate_not_negative"),
+            models.CheckConstraint(condition=Q(overshoot_minor__gte=0), name="operation_overshoot_not_negative"),
             # A reconciled row says how it was settled.
             models.CheckConstraint(
                 condition=~Q(state=OperationState.RECONCILED) | Q(resolution__in=["found", "manual_happened"]),
@@ -302,6 +310,8 @@ class Operation(models.Model):
                 condition=Q(state__in=["in_flight", "uncertain"]),
                 name="operation_open_idx",
             ),
+            # The dashboard's overshoot list: a handful of rows, newest first.
+            models.Index(fields=["-settled_at"], condition=Q(overshoot_minor__gt=0), name="operation_overshoot_idx"),
         ]
         ordering = ["job_id", "id"]
 

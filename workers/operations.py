@@ -404,6 +404,9 @@ class _Ledger:
             cost = budgets.price_usage(outcome.usage)
         if cost is None:
             cost = op.estimate_minor
+        # The estimate was reserved as the call's upper bound (what the budget's cap was checked
+        # against). A provider that billed more broke that bound: say so on the row, never hide it.
+        overshoot = max(cost - op.estimate_minor, 0)
         result = self._redact(outcome.data)
         summary = self._redact(outcome.summary if outcome.summary is not None else outcome.data)
         with transaction.atomic():
@@ -412,8 +415,8 @@ class _Ledger:
                 # A re-send after reconcile proved the first absent keeps that history (resolution absent).
                 "state = %(state)s, resolution = CASE WHEN %(resolution)s = '' THEN resolution ELSE %(resolution)s END, "
                 "external_id = %(ext)s, response = %(resp)s::jsonb, "
-                "result = %(result)s::jsonb, cost_minor = %(cost)s, usage = %(usage)s::jsonb, reservations = '[]'::jsonb, "
-                "error_message = '', settled_at = now()",
+                "result = %(result)s::jsonb, cost_minor = %(cost)s, overshoot_minor = %(over)s, usage = %(usage)s::jsonb, "
+                "reservations = '[]'::jsonb, error_message = '', settled_at = now()",
                 {
                     "state": state,
                     "resolution": resolution,
@@ -421,11 +424,20 @@ class _Ledger:
                     "resp": json.dumps(summary, default=str),
                     "result": json.dumps(result, default=str),
                     "cost": cost,
+                    "over": overshoot,
                     "usage": json.dumps(self._redact(outcome.usage or {}), default=str),
                 },
                 own=own,
             )
-            budgets.settle(reservations=op.reservations, actual_minor=cost)
+            overshot = budgets.settle(reservations=op.reservations, actual_minor=cost)
+            if overshot:
+                # In this transaction: the spend, the record and the pause commit together, so a
+                # crash right after settling cannot leave a broken cap unpaused.
+                budgets.pause_overshot(
+                    overshoots=overshot, operation=f"operation {op.pk} ({op.kind} {op.name!r} of job {op.job_id})"
+                )
+        if overshoot:
+            log.warning("operation %s: billed %s, %s above its reservation of %s", op.pk, cost, overshoot, op.estimate_minor)
         if outcome.usage:
             numeric = {k: v for k, v in outcome.usage.items() if isinstance(v, int | float) and not isinstance(v, bool)}
             self.ctx.add_usage(**numeric)

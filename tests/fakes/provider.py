@@ -45,6 +45,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -63,6 +64,9 @@ RESOURCES = {"/v1/orders": "orders", "/v1/charges": "charges", "/v1/models/compl
 ID_PREFIX = {"orders": "ord", "charges": "ch", "completions": "cmpl"}
 FAULTS = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow")
 DEFAULT_MODELS = ("m-small", "m-large")
+# {"fault": "overbill"}: bill a completion 2 input tokens a prompt byte, more than any byte-level
+# tokenizer can yield (a provider's billing bug). Completions otherwise bill what count_tokens counts.
+FAULTS += ("overbill",)
 
 
 @dataclass
@@ -99,6 +103,30 @@ def error(status: int, kind: str, code: str, message: str, *, param: str = "") -
 
 def fingerprint(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# The pieces count_tokens prices: an ASCII word with its leading space, a digit (with its
+# leading space), any other ASCII character, one non-ASCII character.
+_TOKEN = re.compile(r" ?[A-Za-z]+| ?[0-9]|[^\x00-\x7f]|.", re.DOTALL)
+
+
+def count_tokens(text: str) -> int:
+    """Tokens a byte-level BPE tokenizer would bill for ``text``, deterministic and density-aware.
+
+    ASCII words cost a token per 4 letters, every digit is its own token, a non-ASCII letter
+    (é, 中) one token, any other non-ASCII character (emoji, symbols) one token per UTF-8
+    byte (byte fallback), anything else one token. Like any byte-level tokenizer it never
+    yields more tokens than the text has UTF-8 bytes.
+    """
+    tokens = 0
+    for piece in _TOKEN.findall(text):
+        if piece[-1].isascii() and piece[-1].isalpha():
+            tokens += math.ceil(len(piece.lstrip()) / 4)
+        elif piece.isascii() or piece.isalpha():
+            tokens += 1
+        else:
+            tokens += len(piece.encode())
+    return max(tokens, 1)
 
 
 class ProviderState:
@@ -296,8 +324,10 @@ class ProviderState:
             max_tokens = body.get("max_tokens", 64)
             if not isinstance(max_tokens, int) or not 1 <= max_tokens <= 4096:
                 raise error(400, "invalid_request_error", "parameter_invalid", "max_tokens must be 1..4096.", param="max_tokens")
-            # Deterministic token counts (about 4 bytes a token), so tests can price them exactly.
-            input_tokens = max(1, math.ceil(len(prompt.encode()) / 4))
+            # Deterministic token counts by density (count_tokens), so tests can price them exactly.
+            input_tokens = count_tokens(prompt)
+            if self.take_fault("overbill", resource) is not None:
+                input_tokens = 2 * len(prompt.encode())
             output_tokens = min(max_tokens, 8 + input_tokens // 2)
             obj.update(
                 object="completion",

@@ -15,12 +15,24 @@ from django.conf import settings
 from workers.errors import TerminalFailure
 from workers.providers.http import Endpoint, JsonClient
 
+MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of a call's bound
+
 
 class ModelsClient:
+    """The billing contract a model API must meet (Koala's spend caps rest on it): the usage
+    billed for one call is at most one input token per UTF-8 byte of the prompt (true of every
+    byte-level tokenizer: it merges bytes, never splits one) and at most ``max_tokens`` output
+    tokens, and the same usage is reported by the completion and by its lookup. Every request
+    names ``max_tokens`` (1..MAX_OUTPUT_TOKENS), so no call runs without an output bound. A bill
+    beyond this is recorded as an overshoot and pauses the budget's scope (docs/safety.md)."""
+
     def __init__(self, endpoint: Endpoint) -> None:
         self.http = JsonClient(endpoint)
 
     def complete(self, *, key: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
+            # Never send a request without the output bound its reservation was priced on.
+            raise ValueError(f"max_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS}, not {max_tokens!r}")
         return self.http.post(
             "/v1/models/complete", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, idempotency_key=key
         )

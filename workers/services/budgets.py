@@ -2,7 +2,10 @@
 
 - Spend and requests are *reserved* before an outbound call with one conditional UPDATE
   over every budget that applies; the row count decides. Concurrent workers can never
-  overshoot, because each reservation re-checks the row it locks.
+  overshoot, because each reservation re-checks the row it locks and is a true upper
+  bound of its call's cost (for model calls: ``price_tokens`` of prompt bytes in and
+  ``max_tokens`` out). A bill above its reservation anyway is returned by ``settle``
+  and pauses the budget's scope (``pause_overshot``).
 - Concurrency is checked at claim time under a lock on the budget row, counting running
   jobs from the job table itself (a crashed worker cannot leak a counter).
 - Attempts and run time are counted per period for budgets that limit them.
@@ -12,9 +15,9 @@
 
 from __future__ import annotations
 
-import math
 import zoneinfo
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -24,7 +27,8 @@ from django.utils import timezone
 
 from koala.audit import record_audit
 from workers.errors import SafetyError
-from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Scope
+from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Pause, PauseMode, PauseSource, Scope
+from workers.services import pauses
 from workers.services.jobs import unpark_jobs
 
 LIMIT_FIELDS = ("spend_limit_minor", "request_limit", "concurrency_limit", "run_seconds_limit", "attempt_limit")
@@ -205,17 +209,34 @@ def set_model_price(*, model: str, input_minor_per_mtok: int, output_minor_per_m
     return price
 
 
+def model_price(model: str) -> ModelPrice | None:
+    """The price table's row for ``model``; None when it has no price."""
+    return ModelPrice.objects.filter(model=model).first()
+
+
+def price_tokens(price: ModelPrice, *, input_tokens: int, output_tokens: int) -> int:
+    """Cost in minor units of a call's tokens at ``price``, rounded up (integer arithmetic).
+
+    Monotone in both counts, so the price of an upper bound of the tokens is an upper
+    bound of the cost: that is what makes a model call's reservation a true bound.
+    """
+    if input_tokens < 0 or output_tokens < 0:
+        raise ValueError("token counts cannot be negative")
+    total = input_tokens * price.input_minor_per_mtok + output_tokens * price.output_minor_per_mtok
+    return -(-total // 1_000_000)
+
+
 def price_usage(usage: dict[str, Any] | None) -> int | None:
     """Cost in minor units of ``{"model", "input_tokens", "output_tokens"}``, rounded up;
     None when the model has no price (the caller then keeps its estimate)."""
     if not usage or "model" not in usage:
         return None
-    price = ModelPrice.objects.filter(model=str(usage["model"])).first()
+    price = model_price(str(usage["model"]))
     if price is None:
         return None
-    tokens_in = int(usage.get("input_tokens") or 0)
-    tokens_out = int(usage.get("output_tokens") or 0)
-    return math.ceil((tokens_in * price.input_minor_per_mtok + tokens_out * price.output_minor_per_mtok) / 1_000_000)
+    return price_tokens(
+        price, input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0)
+    )
 
 
 # -- enforcement (the machine loop) -------------------------------------------------------------
@@ -312,15 +333,79 @@ def _exhausted(*, budget_id: int, name: str, period: date, need: int, limits: tu
     )
 
 
-def settle(*, reservations: Sequence[Sequence[int]], actual_minor: int) -> None:
-    """Turn reservations into spend (the actual cost, which may differ from the estimate)."""
+@dataclass(frozen=True)
+class Overshoot:
+    """A settled call that cost more than it had reserved on one budget's usage row."""
+
+    usage_id: int
+    budget_id: int
+    reserved_minor: int
+    actual_minor: int
+
+    @property
+    def minor(self) -> int:
+        return self.actual_minor - self.reserved_minor
+
+
+def settle(*, reservations: Sequence[Sequence[int]], actual_minor: int) -> list[Overshoot]:
+    """Turn reservations into spend: the actual cost, which is at most the reservation when
+    the estimate was a true bound (the reservation checked the cap, so spend stays under it).
+
+    Spend is what was billed, always, even past a cap: a cost above its reservation is
+    returned as an Overshoot (one per usage row) for the caller to record and act on
+    (pause_overshot), never hidden by capping the number.
+    """
+    overshoots: list[Overshoot] = []
     with connection.cursor() as cursor:
-        for usage_id, reserved in reservations:
+        # Usage rows in id order: two settlements over the same budgets lock them in one order.
+        for usage_id, reserved in sorted((int(u), int(r)) for u, r in reservations):
             cursor.execute(
                 "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
-                "spent_minor = spent_minor + %s, updated_at = now() WHERE id = %s",
+                "spent_minor = spent_minor + %s, updated_at = now() WHERE id = %s RETURNING budget_id",
                 [reserved, actual_minor, usage_id],
             )
+            row = cursor.fetchone()
+            if row is not None and actual_minor > reserved:
+                overshoots.append(
+                    Overshoot(usage_id=usage_id, budget_id=int(row[0]), reserved_minor=reserved, actual_minor=actual_minor)
+                )
+    return overshoots
+
+
+def pause_overshot(*, overshoots: Sequence[Overshoot], operation: str) -> list[Pause]:
+    """Drain-pause the scope of every spend-capped budget a call overshot, naming the overshoot.
+
+    A cost above its reservation means the bound the reservation trusted was broken (the
+    provider billed more than a call can cost), so the cap no longer holds for this scope:
+    nothing new is claimed there until a person has looked and resumed. Call it in the
+    settlement's transaction, so the spend, the operation's record and the pause commit
+    together. A scope that is already paused stays under its existing pause.
+    """
+    rows = Budget.objects.in_bulk({o.budget_id for o in overshoots})
+    made: list[Pause] = []
+    for over in overshoots:
+        budget = rows.get(over.budget_id)
+        if budget is None or budget.spend_limit_minor is None:
+            continue  # no cap to protect
+        reason = (
+            f"budget {budget.name!r}: overshoot of {over.minor} minor units by {operation}: billed {over.actual_minor}, "
+            f"reserved {over.reserved_minor} (its upper bound); spend may pass the cap of {budget.spend_limit_minor} "
+            f"{budget.currency}. Check the provider's billing, then resume"
+        )
+        try:
+            made.append(
+                pauses.pause(
+                    scope=budget.scope,
+                    target=budget.target,
+                    mode=PauseMode.DRAIN,
+                    source=PauseSource.BUDGET,
+                    actor="budget",
+                    reason=reason,
+                )
+            )
+        except SafetyError:
+            pass  # already paused (pause_one_live_per_scope decided, inside pause()'s own savepoint)
+    return made
 
 
 def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = False) -> None:

@@ -1,0 +1,189 @@
+"""Issue 9, scenario 3: token-priced model calls under a hard spend cap.
+
+A model call's reservation must be a true upper bound of what the call can cost, so that
+concurrent workers cannot push spend past a budget's cap whatever the prompts' token
+density; a provider that bills beyond that bound anyway is recorded on the operation,
+pauses the budget's scope and shows on the dashboard.
+
+The loopback provider bills tokens by density (tests.fakes.provider.count_tokens: digits
+and emoji a token a byte, CJK a token a character, prose a token per ~4 bytes), and its own
+effect log is the record of what was billed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from tests.acceptance.support import assert_engine_invariants, wait_workers_ready
+from tests.conftest import wait_for
+from tests.console.conftest import ensure_roles, make_user
+from tests.effects.conftest import effects_env
+from tests.fakes.provider import FakeProvider
+from tests.inprocess import drain, run_until
+from workers.models import BudgetUsage, Job, Operation, Pause
+from workers.services import budgets
+from workers.services.jobs import JobSpec, enqueue, enqueue_many
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PRICE_IN, PRICE_OUT = 1_000_000, 2_000_000  # minor units per million tokens: 1 a token in, 2 a token out
+
+
+def billed_minor(usage: dict[str, Any]) -> int:
+    """What the provider's own usage record costs at the test's prices (rounded up, like Koala)."""
+    return math.ceil((usage["input_tokens"] * PRICE_IN + usage["output_tokens"] * PRICE_OUT) / 1_000_000)
+
+
+def prompt(n: int) -> str:
+    """About 300 UTF-8 bytes of very different token densities, by n % 4."""
+    kind = n % 4
+    if kind == 0:  # digits: a token a byte
+        return "".join(str((n * 7 + i * 3) % 10) for i in range(300))
+    if kind == 1:  # emoji: 4 bytes, 4 tokens each (byte fallback)
+        return "🙂🚀🎉🧮"[n % 3] * 75
+    if kind == 2:  # CJK: 3 bytes, one token each
+        return "模型调用预算上限"[n % 5] * 100
+    return ("the quick brown fox jumps over the lazy dog " * 7)[:300]  # prose: ~4.5 bytes a token
+
+
+def settled(ids: list[int], budget: Any, cap: int) -> bool:
+    """Nothing can move any more: nothing queued or running, nothing reserved, and every parked
+    job needs more room than the cap has left (so the beat has nothing left to unpark)."""
+    jobs = list(Job.objects.filter(pk__in=ids).values_list("state", "parked_on"))
+    if any(state not in ("succeeded", "parked") for state, _ in jobs):
+        return False
+    usage = BudgetUsage.objects.filter(budget=budget).first()
+    if usage is None or usage.reserved_minor != 0:
+        return False
+    room = cap - usage.spent_minor
+    return all(int(on.get("need") or 0) > room for state, on in jobs if state == "parked")
+
+
+@pytest.mark.slow
+def test_concurrent_model_calls_of_every_token_density_never_spend_past_the_cap(processes, provider: FakeProvider) -> None:
+    cap = 2000
+    budgets.set_model_price(model="m-small", input_minor_per_mtok=PRICE_IN, output_minor_per_mtok=PRICE_OUT, actor="ops")
+    budget = budgets.create_budget(name="models-2000", scope="kind", target="model.complete", spend_limit_minor=cap, actor="ops")
+    # Hold each call a little at the provider, so several are in flight together.
+    provider.fault("slow", resource="completions", seconds=0.3)
+    env = effects_env(provider, KOALA_DOORBELL_DEPTH="32")
+    workers = [processes.worker("--name", f"cap-{n}", env=env) for n in range(6)]
+    beat = processes.beat(env=env)
+    wait_workers_ready(workers, timeout=60)
+
+    max_tokens = (16, 32, 48, 64)
+    specs = [
+        JobSpec(kind="model.complete", input={"model": "m-small", "prompt": prompt(n), "max_tokens": max_tokens[n // 4 % 4]})
+        for n in range(32)
+    ]
+    ids = [r.job_id for r in enqueue_many(specs=specs)]
+    wait_for(lambda: settled(ids, budget, cap), timeout=120, interval=0.2, what="every call to finish or park for good")
+    beat.terminate()
+    beat.wait(timeout=10)
+    assert settled(ids, budget, cap)
+
+    usage = BudgetUsage.objects.get(budget=budget)
+    billed = provider.events("effect", "completions")
+    print(
+        f"spend cap {cap}: spent {usage.spent_minor}, {len(billed)} calls billed, "
+        f"max in flight {provider.stats()['max_in_flight']['completions']}"
+    )
+    # The cap held, and nothing is left reserved.
+    assert usage.spent_minor <= cap, f"spent {usage.spent_minor} on a cap of {cap}"
+    assert usage.reserved_minor == 0
+    # The provider's own record of what it billed is exactly Koala's spend, call by call.
+    ops = {op.key: op for op in Operation.objects.filter(job_id__in=ids)}
+    assert {e["key"] for e in billed} == set(ops)
+    assert sum(billed_minor(e["object"]["usage"]) for e in billed) == usage.spent_minor
+    for event in billed:
+        op = ops[event["key"]]
+        assert op.state == "succeeded" and op.cost_minor == billed_minor(event["object"]["usage"])
+        assert op.cost_minor <= op.estimate_minor and op.overshoot_minor == 0  # the bound held for every density
+    # Every call that did not run is parked on this budget's spend limit, with nothing sent for it.
+    jobs = Job.objects.filter(pk__in=ids)
+    parked = [j for j in jobs if j.state == "parked"]
+    assert len(billed) == jobs.filter(state="succeeded").count() >= 4 and parked
+    for job in parked:
+        assert job.park_reason == "budget" and job.parked_on["budget_id"] == budget.pk and job.parked_on["limit"] == "spend"
+        assert "'models-2000'" in job.park_detail and f"spend limit {cap}" in job.park_detail
+    assert not Operation.objects.filter(job__in=parked).exists()
+    # Dense and sparse prompts both ran, and the workers really did race for the budget.
+    densities = {Job.objects.get(pk=ops[e["key"]].job_id).input["prompt"][0].isdigit() for e in billed}
+    assert densities == {True, False}
+    assert provider.stats()["max_in_flight"]["completions"] >= 2
+    assert not Pause.objects.exists()
+    assert_engine_invariants()
+
+
+def test_a_provider_billing_past_the_bound_is_recorded_pauses_the_scope_and_shows_on_the_dashboard(
+    provider: FakeProvider, redis_clean: None
+) -> None:
+    budgets.set_model_price(model="m-small", input_minor_per_mtok=PRICE_IN, output_minor_per_mtok=PRICE_OUT, actor="ops")
+    budget = budgets.create_budget(name="models-cap", scope="kind", target="model.complete", spend_limit_minor=5000, actor="ops")
+    text = "Summarise the day's orders."  # 27 bytes: bound 27 in + 16 out = 27 + 32 = 59
+    provider.fault("overbill", resource="completions", times=1)  # bills 2 tokens a byte: 54 in
+    job_id = enqueue(kind="model.complete", input={"model": "m-small", "prompt": text, "max_tokens": 16}).job_id
+    job = run_until(job_id, "succeeded")  # the call happened: its result stands
+
+    [billed] = provider.events("effect", "completions")
+    op = Operation.objects.get(job_id=job_id)
+    assert billed["key"] == op.key and billed["object"]["usage"]["input_tokens"] == 2 * len(text.encode())
+    assert op.estimate_minor == 59  # the reservation: the call's upper bound
+    assert op.cost_minor == billed_minor(billed["object"]["usage"]) == 54 + 2 * billed["object"]["usage"]["output_tokens"]
+    assert op.overshoot_minor == op.cost_minor - op.estimate_minor > 0
+    # Spend is what was billed (never hidden), nothing stays reserved.
+    usage = BudgetUsage.objects.get(budget=budget)
+    assert (usage.spent_minor, usage.reserved_minor) == (op.cost_minor, 0)
+    assert job.result["completion"] == billed["object"]["id"]
+
+    # The budget's scope is drain-paused, by the budget, naming the overshoot and the operation.
+    pause = Pause.objects.get(lifted_at__isnull=True)
+    assert (pause.scope, pause.target, pause.mode, pause.source) == ("kind", "model.complete", "drain", "budget")
+    assert f"overshoot of {op.overshoot_minor} minor units by operation {op.pk}" in pause.reason
+    assert "'models-cap'" in pause.reason and f"job {job_id}" in pause.reason
+    # ...and enforced: the next call of the kind is not claimed.
+    later = enqueue(kind="model.complete", input={"model": "m-small", "prompt": "again", "max_tokens": 16}).job_id
+    drain()
+    assert Job.objects.get(pk=later).state == "queued" and len(provider.events("effect", "completions")) == 1
+
+    # The dashboard names the operation and the amount.
+    ensure_roles()
+    viewer = Client()
+    viewer.force_login(make_user("aude", "auditors"))
+    page = viewer.get("/admin/console/")
+    assert page.status_code == 200
+    board = page.content.decode()
+    assert 'id="overshoots"' in board and "1 budget overshoot" in board
+    assert f'data-operation="{op.pk}" data-job="{job_id}" data-overshoot="{op.overshoot_minor}"' in board
+    assert f"+{op.overshoot_minor}" in board
+
+
+def test_a_call_within_its_bound_records_no_overshoot_and_the_dashboard_shows_none(
+    provider: FakeProvider, redis_clean: None
+) -> None:
+    budgets.set_model_price(model="m-small", input_minor_per_mtok=PRICE_IN, output_minor_per_mtok=PRICE_OUT, actor="ops")
+    budgets.create_budget(name="models-cap", scope="kind", target="model.complete", spend_limit_minor=5000, actor="ops")
+    digits = "4" * 50  # as dense as text gets: a token a byte, exactly the bound
+    job_id = enqueue(kind="model.complete", input={"model": "m-small", "prompt": digits, "max_tokens": 16}).job_id
+    run_until(job_id, "succeeded")
+    op = Operation.objects.get(job_id=job_id)
+    assert op.usage["input_tokens"] == 50 and op.estimate_minor == 50 + 2 * 16
+    assert op.cost_minor == 50 + 2 * op.usage["output_tokens"] <= op.estimate_minor and op.overshoot_minor == 0
+    assert not Pause.objects.exists()
+    ensure_roles()
+    viewer = Client()
+    viewer.force_login(make_user("aude", "auditors"))
+    assert 'id="overshoots"' not in viewer.get("/admin/console/").content.decode()
+
+
+def test_an_unpriced_model_under_a_spend_cap_fails_before_any_call(provider: FakeProvider, redis_clean: None) -> None:
+    budgets.create_budget(name="models-cap", scope="kind", target="model.complete", spend_limit_minor=5000, actor="ops")
+    job_id = enqueue(kind="model.complete", input={"model": "m-large", "prompt": "hello", "max_tokens": 16}).job_id
+    job = run_until(job_id, "failed")
+    assert job.failure_reason == "terminal" and "'m-large' has no price" in job.error_message
+    assert "'models-cap'" in job.error_message
+    assert not Operation.objects.filter(job_id=job_id).exists() and not provider.requests("completions")
