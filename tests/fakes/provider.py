@@ -283,7 +283,12 @@ class ProviderState:
                 commit_at = time.time() + later.seconds
                 # Durable before the answer, like the effect itself: a restart still commits it.
                 self.append(
-                    event="accepted", resource=resource, key=key, fingerprint=digest, object=obj, commit_at=commit_at,
+                    event="accepted",
+                    resource=resource,
+                    key=key,
+                    fingerprint=digest,
+                    object=obj,
+                    commit_at=commit_at,
                     lookup=later.lookup,
                 )
                 pending = self._accept(slot, digest, obj, at=commit_at, lookup=later.lookup)
