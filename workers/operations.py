@@ -232,7 +232,8 @@ class _Ledger:
             raise self._ask_a_person(op, "the provider cannot confirm or deny this key")
         elapsed = self._since_last_send(op)
         if answer is ABSENT or (isinstance(answer, Miss) and elapsed > answer.window_seconds):
-            return self._proven_absent(op, elapsed)
+            self._proven_absent(op, elapsed)
+            return None
         window = answer.window_seconds if isinstance(answer, Miss | Processing) else 0.0
         if isinstance(answer, Miss):
             why = (
@@ -302,7 +303,6 @@ class _Ledger:
             # send times out, each lookup then proves it absent) would never end: it was sent as
             # often as the job may try. The row says truthfully that it did not happen.
             raise Retryable(self._text(f"{self.kind} {self.name}: sent {op.attempts} times and proven absent each time"))
-        return None
 
     def _ask_a_person(self, op: Operation, why: str) -> Park:
         self._update(
