@@ -121,6 +121,14 @@ try:
     KOALA_MODELS_API_KEY = env.string("KOALA_MODELS_API_KEY", "")
     KOALA_MODELS_TIMEOUT_SECONDS = env.number("KOALA_MODELS_TIMEOUT_SECONDS", 60.0, minimum=0.1)
     KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS = env.number("KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+    # Each provider's processing window (docs/effects.md, "The provider contract"): the longest a
+    # request it received can take to show in a lookup by key. A lookup miss proves absence only
+    # once the last send is older than this; set it from the provider's documentation, generously.
+    KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
+    KOALA_MODELS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_MODELS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
+    # How long past that window the ledger keeps re-checking an open outcome (releasing the job
+    # without using an attempt) before it parks the job needs_attention for a person.
+    KOALA_RECONCILE_MAX_WAIT_SECONDS = env.number("KOALA_RECONCILE_MAX_WAIT_SECONDS", 900.0, minimum=0.0)
     # Email through Django's default mailer: SMTP when EMAIL_HOST is set, else printed to the
     # console (development only: nothing is delivered).
     _email_host = env.string("EMAIL_HOST", "")

@@ -27,7 +27,7 @@ from django.template.loader import get_template
 
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
-from workers.operations import ABSENT, OperationResult
+from workers.operations import ABSENT, Miss, OperationResult, Processing
 from workers.providers import email, models, payments
 from workers.runtime import JobContext
 from workers.services import budgets
@@ -43,10 +43,12 @@ MAX_PROMPT_CHARS = 20_000
 
 
 def _found(answer: dict[str, Any] | object | None, result: Any) -> OperationResult | object | None:
-    """A provider lookup turned into what reconcile returns: the result, ABSENT or None."""
+    """A provider lookup turned into what reconcile returns: the result, or the lookup's own
+    verdict passed through (ABSENT, a Miss or Processing, which the ledger weighs against the
+    provider's processing window), or None (cannot tell)."""
     if isinstance(answer, dict):
         return result(answer)
-    return ABSENT if answer is ABSENT else None
+    return answer if answer is ABSENT or isinstance(answer, Miss | Processing) else None
 
 
 def _external_id(result: dict[str, Any]) -> str:

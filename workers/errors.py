@@ -125,5 +125,17 @@ class Park(BaseException):
         self.parked_on = parked_on or {}
 
 
+class ReconcileLater(Park):
+    """Raised by the ledger when an operation's outcome is still open and the provider may settle
+    it soon (it is still processing, its lookup missed inside its processing window, or the lookup
+    itself failed). The runtime releases the job without using an attempt, due again after
+    ``delay_seconds``; the operation stays open with its reservation held. The ledger bounds the
+    waiting (``KOALA_RECONCILE_MAX_WAIT_SECONDS``) and then parks the job for a person."""
+
+    def __init__(self, detail: str, *, delay_seconds: float, parked_on: dict[str, object] | None = None) -> None:
+        super().__init__("reconcile_later", detail, parked_on)
+        self.delay_seconds = delay_seconds
+
+
 class Paused(BaseException):
     """Raised by ``ctx.checkpoint()`` when a stop-mode pause covers the running job."""

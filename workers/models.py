@@ -92,6 +92,14 @@ class Job(models.Model):
     trace_id = models.CharField(max_length=32, blank=True, default="")
     created_by = models.CharField(max_length=150, blank=True, default="")
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+    operation_key_base = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",  # the engine's hand-written INSERTs (enqueue_many) do not name it
+        help_text="An operator retry's carried key: its operation keys are its original's, so it can never send an "
+        "effect twice. Empty: the job's own (idempotency key or koala-job-<id>).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

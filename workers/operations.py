@@ -10,8 +10,11 @@ idempotency key. What a re-run finds decides what happens:
 - ``succeeded`` / ``reconciled``: the stored result is returned; nothing is sent.
 - ``in_flight`` / ``uncertain`` (a crash or a timeout left the outcome open): the
   kind's ``reconcile(key)`` looks it up at the provider. Found: settled as
-  ``reconciled``. Proven absent: re-sent with the same key. Cannot tell: the job is
-  parked *needs attention* for a person; nothing is re-sent.
+  ``reconciled``. Proven absent: re-sent with the same key. Not settled yet (the
+  provider is still processing, its lookup missed inside its processing window, the
+  lookup failed): the job is released without using an attempt and asks again later,
+  for at most ``KOALA_RECONCILE_MAX_WAIT_SECONDS`` past the window. Cannot tell, or the
+  wait ran out: the job is parked *needs attention* for a person; nothing is re-sent.
 - ``failed`` (it definitely did not happen): re-sent with the same key.
 
 Every write names the attempt's fencing token, so a stale attempt cannot record an
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from koala.redaction import redact_data, redact_text, sensitive_values
@@ -38,6 +42,7 @@ from workers.errors import (
     OperationMismatch,
     OutcomeUnknown,
     Park,
+    ReconcileLater,
     Retryable,
     StaleAttempt,
     TerminalFailure,
@@ -70,8 +75,31 @@ class _Absent:
 
 ABSENT = _Absent()  # reconcile(): the provider has no record of this key; it is safe to re-send
 
+
+@dataclass(frozen=True)
+class Miss:
+    """reconcile(): the provider's lookup has no record of this key *now*.
+
+    Proof of absence only under the provider's contract: once the last send under the key is
+    older than ``window_seconds``, the provider's declared processing window (the longest a
+    request it received can take to show in a lookup). Inside the window the outcome is open.
+    """
+
+    window_seconds: float
+
+
+@dataclass(frozen=True)
+class Processing:
+    """reconcile(): the provider has the request under this key and has not finished it (or it
+    refused the lookup as "key in use"): the outcome is open. ``window_seconds`` as in Miss."""
+
+    window_seconds: float
+
+
 Perform = Callable[[str], OperationResult]
-Reconcile = Callable[[str], "OperationResult | _Absent | None"]
+Reconcile = Callable[[str], "OperationResult | _Absent | Miss | Processing | None"]
+RECONCILE_MIN_DELAY = 1.0  # seconds between two looks at one open outcome, at least …
+RECONCILE_MAX_DELAY = 60.0  # … and at most (the delay grows with the time the outcome has been open)
 
 
 def fingerprint(params: dict[str, Any]) -> str:
@@ -175,43 +203,119 @@ class _Ledger:
         return self._send(op)
 
     def _reconcile(self, op: Operation) -> dict[str, Any] | None:
-        """Settle an open outcome by asking the provider. Returns the result if it happened."""
-        answer: OperationResult | _Absent | None = None
+        """Settle an open outcome by asking the provider. Returns the result if it happened.
+
+        Never records "did not happen" for what may have happened: only ``ABSENT``, or a ``Miss``
+        older than the provider's processing window, is proof of absence. Anything else that
+        leaves the outcome open keeps the row open (reservation held) and either waits (released,
+        no attempt used) or, past the bound or with no way to tell, parks for a person.
+        """
+        answer: OperationResult | _Absent | Miss | Processing | None = None
+        failure = ""  # the lookup itself failed transiently (timeout, 5xx, 429, refused)
+        retry_after: float | None = None
         if self.reconcile is not None:
             try:
                 answer = self.reconcile(self.key)
             except (OutcomeUnknown, NotPerformed, Retryable) as exc:
-                # The lookup itself hit a transient failure (timeout, 5xx, 429): ask again later
-                # rather than hand a person a question the provider will answer in a minute.
-                raise Retryable(self._text(f"{self.kind} {self.name}: reconcile lookup failed ({exc}); retrying")) from None
+                # Ask again later rather than hand a person a question the provider will answer in
+                # a minute; and never as a Retryable, which would spend the job's attempts on it.
+                failure = self._text(str(exc))
+                retry_after = getattr(exc, "retry_after", None)
             except Exception as exc:  # the lookup failed in a way retrying will not fix: we cannot tell
                 log.warning("operation %s: reconcile failed: %s", op.pk, type(exc).__name__)
                 answer = None
         if isinstance(answer, OperationResult):
             return self._settle_success(op, answer, state=OperationState.RECONCILED, resolution=Resolution.FOUND, own=False)
-        if answer is ABSENT:
-            # Proven absent: the call never took effect. Release what it held; _send re-sends.
-            with transaction.atomic():
-                self._update(
-                    op.pk,
-                    "state = 'failed', resolution = 'absent', reservations = '[]'::jsonb, "
-                    "error_message = 'reconciled: the provider has no record of this key; re-sending'",
-                    {},
-                    own=False,
-                )
-                budgets.release(reservations=op.reservations, refund_request=True)
+        if self.reconcile is None or (answer is None and not failure):
+            # No lookup, or one that cannot confirm or deny: a person must decide. Nothing is re-sent.
+            raise self._ask_a_person(op, "the provider cannot confirm or deny this key")
+        elapsed = self._since_last_send(op)
+        if answer is ABSENT or (isinstance(answer, Miss) and elapsed > answer.window_seconds):
+            self._proven_absent(op, elapsed)
             return None
-        # Neither found nor proven absent: a person must decide. Nothing is re-sent.
+        window = answer.window_seconds if isinstance(answer, Miss | Processing) else 0.0
+        if isinstance(answer, Miss):
+            why = (
+                f"the provider has no record of this key yet, {elapsed:.1f}s after the last send "
+                f"(within its processing window of {window:g}s)"
+            )
+        elif isinstance(answer, Processing):
+            why = f"the provider is still processing this key ({elapsed:.1f}s after the last send)"
+        else:
+            why = f"the lookup failed ({failure})"
+        bound = window + float(settings.KOALA_RECONCILE_MAX_WAIT_SECONDS)
+        if elapsed >= bound:
+            raise self._ask_a_person(op, f"{why}; still open after {elapsed:.0f}s (waited up to {bound:g}s)")
+        # Back off with the time the outcome has been open (so the number of looks is about
+        # log(bound) + bound/60), never past the next point where the answer can change: the end
+        # of the window (a miss becomes proof) or of the bound (a person is asked).
+        delay = min(max(RECONCILE_MIN_DELAY, elapsed / 4), RECONCILE_MAX_DELAY)
+        if isinstance(answer, Miss):
+            delay = min(delay, window - elapsed + 0.5)
+        delay = max(min(delay, bound - elapsed + 0.5), 0.5, retry_after or 0.0)
+        message = f"outcome open: {why}; looking again in {delay:.1f}s"
+        if op.state == OperationState.IN_FLIGHT:
+            # Left in flight by a crash: say it is open. One write, not one per look: the row's
+            # own timestamps are not the clock the window is measured on (_since_last_send).
+            self._update(op.pk, "state = 'uncertain', error_message = %(msg)s", {"msg": message}, own=False)
+        raise ReconcileLater(
+            self._text(f"{self.kind} {self.name!r} (key {self.key}): {message}"),
+            delay_seconds=delay,
+            parked_on={"operation_id": op.pk},
+        )
+
+    def _since_last_send(self, op: Operation) -> float:
+        """Seconds (database clock) since the last moment the last send under this key can have left.
+
+        That is when the attempt that marked the row in flight stopped holding its lease: it
+        reported (after its call returned or timed out), or the reaper or an operator took the job
+        from it. A fenced attempt cannot call ``perform`` after that, so the request left no later.
+        Taken from the attempt, not from the operation row, so looking again (which writes the row)
+        never moves the clock. An attempt still unfinished counts as "now" (nothing is proven yet);
+        without an attempt row (deleted), the row's last write stands in.
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT EXTRACT(EPOCH FROM now() - CASE WHEN a.id IS NULL THEN o.updated_at "
+                "ELSE GREATEST(a.started_at, a.heartbeat_at, COALESCE(a.finished_at, now())) END) "
+                "FROM workers_operation o LEFT JOIN workers_attempt a ON a.id = o.attempt_id WHERE o.id = %s",
+                [op.pk],
+            )
+            row = cursor.fetchone()
+        return max(float(row[0]), 0.0) if row and row[0] is not None else 0.0
+
+    def _proven_absent(self, op: Operation, elapsed: float) -> None:
+        """The call never took effect (under the provider's contract). Release what it held; _send re-sends."""
+        lease = self.ctx.lease
+        exhausted = self.ctx.attempt >= lease.max_attempts and op.attempts >= lease.max_attempts
+        note = "re-sending" if not exhausted else "not re-sent: no attempts left"
+        with transaction.atomic():
+            self._update(
+                op.pk,
+                "state = 'failed', resolution = 'absent', reservations = '[]'::jsonb, error_message = %(msg)s",
+                {"msg": f"reconciled: the provider has no record of this key {elapsed:.0f}s after the last send; {note}"},
+                own=False,
+            )
+            budgets.release(reservations=op.reservations, refund_request=True)
+        if exhausted:
+            # The last attempt re-sending, time after time, what a provider keeps losing (each
+            # send times out, each lookup then proves it absent) would never end: it was sent as
+            # often as the job may try. The row says truthfully that it did not happen.
+            raise Retryable(self._text(f"{self.kind} {self.name}: sent {op.attempts} times and proven absent each time"))
+
+    def _ask_a_person(self, op: Operation, why: str) -> Park:
         self._update(
             op.pk,
             "state = 'uncertain', error_message = %(msg)s",
-            {"msg": "could not reconcile: the provider cannot confirm or deny this key; needs attention"},
+            {"msg": self._text(f"could not reconcile: {why}; needs attention")},
             own=False,
         )
-        raise Park(
+        return Park(
             ParkReason.NEEDS_ATTENTION,
-            f"operation {op.name!r} ({op.kind}, key {self.key}) has an unknown outcome and could not be reconciled; "
-            "resolve it as happened or did not happen",
+            self._text(
+                f"operation {op.name!r} ({op.kind}, key {self.key}) has an unknown outcome and could not be reconciled "
+                f"({why}); resolve it as happened or did not happen"
+            ),
             {"operation_id": op.pk},
         )
 
@@ -385,8 +489,14 @@ class _Ledger:
             self._settle_not_done(op_id, reservations, f"declined: {exc}")
             raise TerminalFailure(self._text(f"{self.kind} {self.name} declined: {exc}"), code="declined") from None
         except OutcomeUnknown as exc:
+            # Includes "key in use" (409): another request under this key is being processed.
             self._mark_uncertain(op_id, f"outcome unknown: {exc}")
-            raise Retryable(self._text(f"{self.kind} {self.name}: outcome unknown ({exc}); will reconcile")) from None
+            message = self._text(f"{self.kind} {self.name}: outcome unknown ({exc}); will reconcile")
+            if self.ctx.attempt < self.ctx.lease.max_attempts:
+                raise Retryable(message) from None
+            # The last attempt: as a Retryable the job would end attempts_exhausted while the
+            # effect may have happened. Give the attempt back and reconcile (which is bounded).
+            raise ReconcileLater(message, delay_seconds=RECONCILE_MIN_DELAY, parked_on={"operation_id": op_id}) from None
         except Exception as exc:
             # An unclassified error after the request may have left: treat the outcome as unknown.
             self._mark_uncertain(op_id, f"{type(exc).__name__}: {exc}")

@@ -24,8 +24,18 @@ from django.utils import timezone
 
 from koala.redaction import redact_text, sensitive_values
 from workers import kinds
-from workers.errors import AttemptTimeout, Interrupted, Park, Paused, Rejection, Retryable, StaleAttempt, TerminalFailure
-from workers.models import Attempt, Delivery, FailureReason, Operation, Outcome
+from workers.errors import (
+    AttemptTimeout,
+    Interrupted,
+    Park,
+    Paused,
+    ReconcileLater,
+    Rejection,
+    Retryable,
+    StaleAttempt,
+    TerminalFailure,
+)
+from workers.models import Attempt, Delivery, FailureReason, Job, Operation, Outcome
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
@@ -55,8 +65,7 @@ class JobContext:
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id
         self.trace_id = lease.trace_id
-        # Stable across retries of this job: the idempotency key for outbound calls.
-        self.idempotency_key = lease.idempotency_key or f"koala-job-{lease.job_id}"
+        self._idempotency_key: str | None = None  # read on first use (idempotency_key)
         self.worker_name = runtime.name
         self.cancelled = threading.Event()
         self.shutting_down = runtime.shutdown_requested
@@ -115,6 +124,19 @@ class JobContext:
 
         self.checkpoint()
         return run_operation(self, name, **options)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across retries of this job: the idempotency key for outbound calls.
+
+        An operator retry is a new job that carries its original's key (Job.operation_key_base),
+        so its steps find the original's ledger rows and can never send an effect twice. Read
+        on first use: jobs that make no outbound call pay no query for it.
+        """
+        if self._idempotency_key is None:
+            carried = Job.objects.filter(pk=self.job_id).values_list("operation_key_base", flat=True).first()
+            self._idempotency_key = carried or self.lease.idempotency_key or f"koala-job-{self.job_id}"
+        return self._idempotency_key
 
     def operation_key(self, name: str) -> str:
         """The default key of step ``name``: stable across retries, unique per job and step."""
@@ -365,6 +387,19 @@ class WorkerRuntime:
             return
         if what == "ok":
             self._report(lease, Outcome.SUCCEEDED, leases.complete, result=value, state_delta=ctx.state_delta, report=report)
+            return
+        if what == "park" and isinstance(value, ReconcileLater):
+            # An operation's outcome is still open and the provider may settle it soon: give the
+            # job back without using an attempt; the ledger bounds how long this goes on.
+            log.info("job %s waits %.1fs to reconcile: %s", lease.job_id, value.delay_seconds, value.detail)
+            self._report(
+                lease,
+                Outcome.INTERRUPTED,
+                leases.release,
+                outcome=Outcome.INTERRUPTED,
+                message=redact_text(value.detail, secrets=secrets),
+                delay_seconds=value.delay_seconds,
+            )
             return
         if what == "park":
             log.info("job %s parked (%s): %s", lease.job_id, value.reason, value.detail)

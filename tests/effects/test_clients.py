@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 from tests.effects.conftest import PROVIDER_API_KEY
 from tests.fakes.provider import FakeProvider, ProviderControl
 from tests.fakes.smtp import SmtpSink, free_port
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.operations import ABSENT
+from workers.operations import Miss, Processing
 from workers.providers import email, models, payments
 from workers.providers.http import retry_after_seconds
 
@@ -43,15 +43,17 @@ def test_same_key_same_body_is_one_effect_and_other_body_is_refused(provider: Fa
     assert (charge["order"], charge["amount_minor"], charge["status"]) == (first["id"], 1200, "succeeded")
 
 
-def test_lookup_found_absent_and_disabled(provider: FakeProvider) -> None:
+def test_lookup_found_absent_and_disabled(provider: FakeProvider, settings) -> None:
     client = payments.client()
     created = order(client, "k-2")
     assert client.lookup_order("k-2") == created
-    assert client.lookup_order("never-sent") is ABSENT
-    assert client.lookup_charge("k-2") is ABSENT  # keys are per resource, like the provider's
+    # A miss carries the provider's processing window: the ledger decides whether it proves absence.
+    window = settings.KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS
+    assert client.lookup_order("never-sent") == Miss(window)
+    assert client.lookup_charge("k-2") == Miss(window)  # keys are per resource, like the provider's
     provider.fault("lookup_disabled", resource="orders")
     assert client.lookup_order("k-2") is None
-    assert client.lookup_charge("k-2") is ABSENT
+    assert client.lookup_charge("k-2") == Miss(window)
     assert [e["status"] for e in provider.lookups("orders")] == [200, 404, 501]
 
 
@@ -105,7 +107,8 @@ def test_connection_refused_is_not_performed(settings) -> None:
         payments.client().lookup_order("k-9")  # a failed lookup raises: the ledger cannot tell
 
 
-def test_a_key_in_use_by_a_concurrent_request_is_not_performed(provider: FakeProvider) -> None:
+def test_a_key_in_use_by_a_concurrent_request_is_outcome_unknown(provider: FakeProvider) -> None:
+    # The request under the key may yet take effect: "key in use" leaves the outcome open.
     provider.fault("slow", seconds=1.0, times=1)
     results: list[object] = []
 
@@ -115,11 +118,31 @@ def test_a_key_in_use_by_a_concurrent_request_is_not_performed(provider: FakePro
     thread = threading.Thread(target=first)
     thread.start()
     time.sleep(0.3)
-    with pytest.raises(NotPerformed, match=r"409.*idempotency_key_in_use") as caught:
+    with pytest.raises(OutcomeUnknown, match=r"409.*idempotency_key_in_use.*still being processed"):
         order(payments.client(), "k-10")
-    assert caught.value.retry_after == 1.0
     thread.join()
     assert len(results) == 1 and len(provider.effects("orders")) == 1
+
+
+@pytest.mark.parametrize("lookup", ["miss", "processing"])
+def test_a_request_still_processing_is_open_to_lookups_and_re_sends_until_it_commits(
+    provider: FakeProvider, settings, lookup: str
+) -> None:
+    settings.KOALA_PAYMENTS_TIMEOUT_SECONDS = 0.3
+    provider.fault("processing", resource="orders", seconds=1.5, lookup=lookup, times=1)
+    client = payments.client()
+    with pytest.raises(OutcomeUnknown, match="timed out after the request was sent"):
+        order(client, "k-proc")
+    window = settings.KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS
+    assert client.lookup_order("k-proc") == (Miss(window) if lookup == "miss" else Processing(window))
+    with pytest.raises(OutcomeUnknown, match=r"409.*idempotency_key_in_use"):
+        order(client, "k-proc")  # a re-send under the key while it is processing
+    assert provider.effects("orders") == [] and len(provider.accepted("orders", key="k-proc")) == 1
+    [effect] = wait_for(lambda: provider.effects("orders", key="k-proc"), timeout=5, what="the commit")  # type: ignore[misc]
+    assert client.lookup_order("k-proc") == effect
+    assert order(client, "k-proc") == effect  # now a replay, no second effect
+    assert [r["outcome"] for r in provider.requests("orders")] == ["accepted", "idempotency_key_in_use", "replayed"]
+    assert [e["status"] for e in provider.lookups("orders")] == [404 if lookup == "miss" else 202, 200]
 
 
 def test_not_configured_is_a_visible_terminal_failure(settings) -> None:

@@ -174,8 +174,11 @@ def test_model_call_is_priced_by_koala_from_tokens(provider: FakeProvider, redis
     assert attempt.usage is not None and attempt.usage["input_tokens"] == 10 and attempt.usage["cost_minor"] == 23
 
 
-def test_model_call_server_error_is_reconciled_not_repeated(provider: FakeProvider, redis_clean: None) -> None:
-    # A 5xx leaves the outcome open: the retry asks the provider before sending again.
+def test_model_call_server_error_is_reconciled_not_repeated(provider: FakeProvider, redis_clean: None, settings) -> None:
+    # A 5xx leaves the outcome open: the retry asks the provider before sending again. Without
+    # its processing fault the fake provider commits before it answers: its declared processing
+    # window is 0, so a miss after the failed send is proof of absence at once.
+    settings.KOALA_MODELS_PROCESSING_WINDOW_SECONDS = 0.0
     provider.fault("5xx", resource="completions", status=503, times=1)
     job_id = enqueue(kind="model.complete", input={"model": "m-small", "prompt": "hello", "max_tokens": 16}).job_id
     run_until(job_id, "succeeded")

@@ -12,7 +12,8 @@ API (JSON in and out; every POST honours an ``Idempotency-Key`` header)::
     POST /v1/orders           {"reference", "amount_minor", "currency", "description"?}
     POST /v1/charges          {"order", "amount_minor", "currency", "description"?}
     POST /v1/models/complete  {"model", "prompt", "max_tokens"?} -> usage {input_tokens, output_tokens}
-    GET  /v1/{orders,charges,completions}?idempotency_key=K   200 object | 404 absent | 501 lookup disabled
+    GET  /v1/{orders,charges,completions}?idempotency_key=K   200 object | 404 no object (yet) | 202 processing
+                                                              | 501 lookup disabled
     GET  /v1/{orders,charges,completions}/<id>
     POST /_control            {"fault": NAME, ...} or {"reset": true}: script faults (below)
     GET  /_control            counters: requests in flight now and the maximum seen, per resource
@@ -36,6 +37,19 @@ that many requests, otherwise it lasts until ``{"reset": true}``)::
     {"fault": "decline", "status": 402, "code": "card_declined", "message": "..."}  a business refusal
     {"fault": "lookup_disabled"}                    lookups answer 501: nothing can be reconciled
     {"fault": "slow", "seconds": S}                 hold each request S seconds before processing it
+    {"fault": "processing", "seconds": S, "lookup": "miss"|"processing"}
+                                                    accept the request, commit its effect S seconds later
+
+"processing" is how a real provider behaves when it queues work (a charge waiting for the card
+network, a batch API): the POST is accepted and the effect commits ``S`` seconds later whether
+or not the client is still connected (the client may time out or die; the commit is a timer of
+the provider's own, and an ``accepted`` line in the state file makes it survive a provider
+restart). Until then a re-send under the key gets 409 ``idempotency_key_in_use``, and a lookup
+by the key answers as the provider's read side does: ``"miss"`` (the default) a 404, as from an
+eventually consistent search index that has not seen the object yet, or ``"processing"`` a 202
+``{"object": "idempotency_key", "status": "processing"}``. Either way the outcome is still open;
+only a provider's declared processing window tells a client when a 404 becomes proof of absence
+(docs/effects.md).
 """
 
 from __future__ import annotations
@@ -52,7 +66,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from secrets import token_hex
@@ -62,7 +76,8 @@ from urllib.parse import parse_qs, urlsplit
 # POST path -> resource; GET /v1/<resource> looks objects up.
 RESOURCES = {"/v1/orders": "orders", "/v1/charges": "charges", "/v1/models/complete": "completions"}
 ID_PREFIX = {"orders": "ord", "charges": "ch", "completions": "cmpl"}
-FAULTS = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow")
+FAULTS = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow", "processing")
+LOOKUP_WHILE_PROCESSING = ("miss", "processing")
 DEFAULT_MODELS = ("m-small", "m-large")
 # {"fault": "overbill"}: bill a completion 2 input tokens a prompt byte, more than any byte-level
 # tokenizer can yield (a provider's billing bug). Completions otherwise bill what count_tokens counts.
@@ -79,9 +94,20 @@ class Fault:
     retry_after: float = 1.0
     code: str = ""
     message: str = ""
+    lookup: str = "miss"  # processing: what a lookup by key answers before the commit
 
     def applies(self, name: str, resource: str) -> bool:
         return self.name == name and self.resource in (None, resource) and (self.times is None or self.times > 0)
+
+
+@dataclass
+class Pending:
+    """A request accepted for later processing: its object commits at ``commit_at``."""
+
+    obj: dict[str, Any]
+    lookup: str  # "miss" or "processing": how a lookup by key answers until then
+    commit_at: float
+    committed: threading.Event = field(default_factory=threading.Event)
 
 
 class Reply(Exception):
@@ -141,6 +167,8 @@ class ProviderState:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {r: {} for r in ID_PREFIX}
         self.by_key: dict[tuple[str, str], tuple[str, str]] = {}  # (resource, key) -> (fingerprint, object id)
         self.processing: set[tuple[str, str]] = set()
+        # Accepted requests whose effect commits later (the processing fault): slot -> pending.
+        self.pending: dict[tuple[str, str], Pending] = {}
         self.faults: list[Fault] = []
         self.in_flight: dict[str, int] = dict.fromkeys(ID_PREFIX, 0)
         self.max_in_flight: dict[str, int] = dict.fromkeys(ID_PREFIX, 0)
@@ -150,13 +178,20 @@ class ProviderState:
 
     # -- the durable record ------------------------------------------------------------------
     def _load(self) -> None:
-        """A restarted provider still knows its objects (so lookups and replays keep working)."""
+        """A restarted provider still knows its objects (so lookups and replays keep working),
+        and still commits what it accepted before it stopped."""
+        accepted: dict[tuple[str, str], dict[str, Any]] = {}
         for event in read_events(self.state_file):
             if event.get("event") == "effect":
                 obj = event["object"]
                 self.objects[event["resource"]][obj["id"]] = obj
                 if event.get("key"):
                     self.by_key[(event["resource"], event["key"])] = (event["fingerprint"], obj["id"])
+                    accepted.pop((event["resource"], event["key"]), None)
+            elif event.get("event") == "accepted":
+                accepted[(event["resource"], event["key"])] = event
+        for slot, event in accepted.items():
+            self._accept(slot, event["fingerprint"], event["object"], at=event["commit_at"], lookup=event["lookup"])
 
     def append(self, **event: Any) -> None:
         event["at"] = time.time()
@@ -196,7 +231,9 @@ class ProviderState:
         resource = body.get("resource")
         if resource is not None and resource not in ID_PREFIX:
             raise error(400, "invalid_request_error", "unknown_resource", f"resource must be one of {', '.join(ID_PREFIX)}")
-        fields = {k: body[k] for k in ("times", "seconds", "status", "retry_after", "code", "message") if k in body}
+        if body.get("lookup", "miss") not in LOOKUP_WHILE_PROCESSING:
+            raise error(400, "invalid_request_error", "unknown_lookup", "lookup must be 'miss' or 'processing'")
+        fields = {k: body[k] for k in ("times", "seconds", "status", "retry_after", "code", "message", "lookup") if k in body}
         fault = Fault(name=name, resource=resource, **fields)
         if name == "5xx" and not fault.status:
             fault.status = 503
@@ -231,8 +268,9 @@ class ProviderState:
             self.in_flight_total -= 1
 
     # -- the API -------------------------------------------------------------------------------
-    def create(self, resource: str, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool, float]:
-        """Perform one POST: (object, replayed?, seconds to hold the reply after committing)."""
+    def create(self, resource: str, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool, float, Pending | None]:
+        """Perform one POST: (object, replayed?, seconds to hold the reply after committing, and
+        the pending commit to wait for when the request was accepted for later processing)."""
         # A rate limiter and a failing front end answer before the request reaches the API.
         fault = self.take_fault("429", resource)
         if fault is not None:
@@ -256,9 +294,10 @@ class ProviderState:
                         "idempotency_key_reused",
                         "Keys for idempotent requests can only be used with the same parameters they were first used with.",
                     )
-                return self.objects[resource][object_id], True, 0.0
+                return self.objects[resource][object_id], True, 0.0, None
             if key:
                 self.processing.add(slot)
+        accepted = False
         try:
             slow = self.take_fault("slow", resource)
             if slow is not None:
@@ -266,7 +305,23 @@ class ProviderState:
             decline = self.take_fault("decline", resource)
             if decline is not None:
                 raise error(decline.status, "card_error", decline.code, decline.message)
-            obj = self._build(resource, body)
+            obj = self._build(resource, body)  # a bad request is refused now, never accepted
+            later = self.take_fault("processing", resource) if key else None
+            if later is not None:
+                commit_at = time.time() + later.seconds
+                # Durable before the answer, like the effect itself: a restart still commits it.
+                self.append(
+                    event="accepted",
+                    resource=resource,
+                    key=key,
+                    fingerprint=digest,
+                    object=obj,
+                    commit_at=commit_at,
+                    lookup=later.lookup,
+                )
+                pending = self._accept(slot, digest, obj, at=commit_at, lookup=later.lookup)
+                accepted = True
+                return obj, False, 0.0, pending
             with self.lock:
                 # The effect: stored, written to the durable record, then answered.
                 self.objects[resource][obj["id"]] = obj
@@ -274,10 +329,41 @@ class ProviderState:
                     self.by_key[slot] = (digest, obj["id"])
                 self.append(event="effect", resource=resource, key=key, fingerprint=digest, object=obj)
         finally:
-            with self.lock:
-                self.processing.discard(slot)
+            if not accepted:  # an accepted request keeps its key in use until its commit
+                with self.lock:
+                    self.processing.discard(slot)
         hold = self.take_fault("commit_then_timeout", resource)
-        return obj, False, hold.seconds if hold is not None else 0.0
+        return obj, False, hold.seconds if hold is not None else 0.0, None
+
+    def _accept(self, slot: tuple[str, str], digest: str, obj: dict[str, Any], *, at: float, lookup: str) -> Pending:
+        """Commit ``obj`` under ``slot`` at time ``at`` on the provider's own timer: the client's
+        connection (or its whole process) may be gone by then, the effect happens anyway."""
+        pending = Pending(obj=obj, lookup=lookup, commit_at=at)
+        with self.lock:
+            self.processing.add(slot)
+            self.pending[slot] = pending
+        timer = threading.Timer(max(at - time.time(), 0.0), self._commit, args=(slot, digest))
+        timer.daemon = True
+        timer.start()
+        return pending
+
+    def _commit(self, slot: tuple[str, str], digest: str) -> None:
+        with self.lock:
+            pending = self.pending.pop(slot, None)
+            if pending is None:
+                return
+            resource, key = slot
+            self.objects[resource][pending.obj["id"]] = pending.obj
+            self.by_key[slot] = (digest, pending.obj["id"])
+            self.append(event="effect", resource=resource, key=key, fingerprint=digest, object=pending.obj)
+            self.processing.discard(slot)
+        pending.committed.set()
+
+    def processing_state(self, resource: str, key: str) -> str | None:
+        """What a lookup answers for a key accepted but not yet committed (None: not pending)."""
+        with self.lock:
+            pending = self.pending.get((resource, key))
+            return pending.lookup if pending is not None else None
 
     def _build(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
         obj: dict[str, Any] = {"id": f"{ID_PREFIX[resource]}_{token_hex(8)}", "created": int(time.time())}
@@ -413,6 +499,10 @@ class Handler(BaseHTTPRequestHandler):
                 state.append(event="lookup", resource=resource, key=key, status=501)
                 raise error(501, "api_error", "not_implemented", "Lookup by idempotency key is not supported.")
             obj = state.lookup(resource, key)
+            if obj is None and state.processing_state(resource, key) == "processing":
+                state.append(event="lookup", resource=resource, key=key, status=202)
+                self._send(202, {"object": "idempotency_key", "key": key, "status": "processing"})
+                return
             state.append(event="lookup", resource=resource, key=key, status=200 if obj else 404)
             if obj is None:
                 raise error(404, "invalid_request_error", "resource_missing", "No object was created with this idempotency key.")
@@ -438,9 +528,14 @@ class Handler(BaseHTTPRequestHandler):
         status, outcome = 500, "error"
         try:
             self._authorize()
-            obj, replayed, hold = state.create(resource, key, self._body())
-            status, outcome = 200, "replayed" if replayed else "created"
+            obj, replayed, hold, pending = state.create(resource, key, self._body())
+            status, outcome = 200, "replayed" if replayed else ("accepted" if pending else "created")
             state.append(event="request", resource=resource, key=key, status=status, outcome=outcome)
+            if pending is not None:
+                # Answer when the effect commits, as a synchronous API over queued work does; a
+                # client whose timeout is shorter never hears it (the effect commits regardless).
+                while not pending.committed.wait(0.05) and not state.stopping.is_set():
+                    pass
             if hold:
                 # "Commit then time out": the effect is durable; the reply comes too late for the client.
                 state.stopping.wait(hold)
@@ -517,6 +612,10 @@ class ProviderControl:
 
     def lookups(self, resource: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
         return self.events("lookup", resource, key)
+
+    def accepted(self, resource: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
+        """Requests accepted for later processing (the processing fault): each commits later."""
+        return self.events("accepted", resource, key)
 
 
 class FakeProvider(ProviderControl):

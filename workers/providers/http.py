@@ -5,12 +5,18 @@ tells the ledger whether sending it again could repeat the effect:
 
 - nothing left this machine (DNS failure, connection refused, connect timeout, TLS handshake
   failure) → ``NotPerformed``: the ledger re-sends on the retry;
-- 429 (``Retry-After`` honoured), or 409 "key in use" (another request with this key is still
-  being processed there) → ``NotPerformed(retry_after=…)``: re-sent later under the same key;
-- read timeout, connection reset or closed after sending, 5xx, an unreadable 2xx →
-  ``OutcomeUnknown``: the ledger reconciles by key before anything is sent again;
+- 429 (``Retry-After`` honoured) → ``NotPerformed(retry_after=…)``: re-sent later under the same key;
+- read timeout, connection reset or closed after sending, 5xx, an unreadable 2xx, and 409 "key
+  in use" (another request under this key is still being processed there, and may well take
+  effect) → ``OutcomeUnknown``: the ledger reconciles by key before anything is sent again;
 - any other 4xx (invalid request, declined, unknown object, bad credentials, key reused with
   other parameters) → ``Declined``: the job fails terminally.
+
+The provider contract (docs/effects.md) adds a processing window: ``processing_window``, the
+longest a request the provider received can take to show in a lookup by key. A lookup that
+misses (404) is returned as ``Miss(window)``, not as proof: the ledger counts it as absence only
+once the last send is older than the window. A lookup answering "processing" (202, or 409 key in
+use) is ``Processing(window)``: the outcome is open.
 
 Timeouts are explicit: ``connect_timeout`` for the TCP/TLS handshake, ``timeout`` for each
 read after the request is sent. The API key travels only in the ``Authorization`` header and
@@ -31,7 +37,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.operations import ABSENT
+from workers.operations import Miss, Processing
 
 MAX_PROVIDER_MESSAGE = 300  # characters of a provider's error message kept in ours
 
@@ -46,6 +52,9 @@ class Endpoint:
     api_key: str
     timeout: float  # seconds per read once the request is sent
     connect_timeout: float  # seconds for the TCP (and TLS) handshake
+    # The provider's processing window (seconds): how long after receiving a request a lookup
+    # by its key may still miss it. Generous by default: a miss is proof only after it.
+    processing_window: float = 60.0
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -97,15 +106,18 @@ class JsonClient:
                 f"{what}: rate limited (HTTP 429){detail}", retry_after=retry_after_seconds(headers.get("retry-after"))
             )
         if status == 409:
-            # Another request with this key is still being processed there: ours was not acted on.
-            raise NotPerformed(f"{what}: HTTP 409{detail}", retry_after=retry_after_seconds(headers.get("retry-after")) or 1.0)
+            # Another request with this key is still being processed there (ours, sent before a
+            # crash or a timeout, or a concurrent one): it may well take effect. Not "not performed".
+            raise OutcomeUnknown(f"{what}: HTTP 409{detail}; a request under this key is still being processed")
         if status >= 500:
             raise OutcomeUnknown(f"{what}: HTTP {status}{detail}; the effect may have happened")
         raise Declined(f"{what}: HTTP {status}{detail}")
 
-    def lookup(self, path: str, *, key: str) -> dict[str, Any] | object | None:
-        """What reconcile needs: the object created under ``key``; ``ABSENT`` when the provider
-        proves there is none (404); None when it cannot tell (it has no lookup: 501).
+    def lookup(self, path: str, *, key: str) -> dict[str, Any] | Miss | Processing | None:
+        """What reconcile needs: the object created under ``key`` (200); ``Miss`` when the provider
+        has none now (404: proof of absence only past the processing window, the ledger decides);
+        ``Processing`` when it says the key is still being worked on (202, 409); None when it
+        cannot tell (it has no lookup: 501).
 
         A lookup that itself fails (timeout, 5xx, refused) raises the ledger's classes above, so
         the job is retried and reconciles later instead of waiting for a person over a blip.
@@ -116,10 +128,13 @@ class JsonClient:
         except (NotPerformed, OutcomeUnknown) as exc:
             log.warning("lookup failed: %s (%s)", exc, type(exc).__name__)
             raise
+        window = self.endpoint.processing_window
         if status == 200 and isinstance(answer, dict):
             return answer
+        if status in (202, 409):
+            return Processing(window)
         if status == 404:
-            return ABSENT
+            return Miss(window)
         if status == 501:
             return None
         if status == 429:

@@ -2,8 +2,9 @@
 
 Configured by ``KOALA_MODELS_URL`` and ``KOALA_MODELS_API_KEY`` (a secret: give it as
 ``KOALA_MODELS_API_KEY_FILE`` in production), ``KOALA_MODELS_TIMEOUT_SECONDS`` and
-``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``. Koala prices the usage from its own price
-table (ModelPrice); the provider's idea of the price is not used.
+``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``; its lookup honours
+``KOALA_MODELS_PROCESSING_WINDOW_SECONDS``. Koala prices the usage from its own price table
+(ModelPrice); the provider's idea of the price is not used.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from workers.errors import TerminalFailure
+from workers.operations import Miss, Processing
 from workers.providers.http import Endpoint, JsonClient
 
 MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of a call's bound
@@ -37,8 +39,8 @@ class ModelsClient:
             "/v1/models/complete", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, idempotency_key=key
         )
 
-    def lookup(self, key: str) -> dict[str, Any] | object | None:
-        """The completion made under ``key`` / ABSENT / None (JsonClient.lookup)."""
+    def lookup(self, key: str) -> dict[str, Any] | Miss | Processing | None:
+        """The completion made under ``key`` / Miss / Processing / None (JsonClient.lookup)."""
         return self.http.lookup("/v1/completions", key=key)
 
 
@@ -52,5 +54,6 @@ def client() -> ModelsClient:
             api_key=settings.KOALA_MODELS_API_KEY,
             timeout=settings.KOALA_MODELS_TIMEOUT_SECONDS,
             connect_timeout=settings.KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS,
+            processing_window=settings.KOALA_MODELS_PROCESSING_WINDOW_SECONDS,
         )
     )

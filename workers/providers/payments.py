@@ -2,7 +2,8 @@
 
 Configured by ``KOALA_PAYMENTS_URL`` and ``KOALA_PAYMENTS_API_KEY`` (a secret: give it as
 ``KOALA_PAYMENTS_API_KEY_FILE`` in production), ``KOALA_PAYMENTS_TIMEOUT_SECONDS`` and
-``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``. Errors follow workers.providers.http.
+``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``; its lookup honours
+``KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS``. Errors follow workers.providers.http.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from django.conf import settings
 
 from workers.errors import TerminalFailure
+from workers.operations import Miss, Processing
 from workers.providers.http import Endpoint, JsonClient
 
 
@@ -29,12 +31,12 @@ class PaymentsClient:
         body = {"order": order, "amount_minor": amount_minor, "currency": currency, "description": description}
         return self.http.post("/v1/charges", body, idempotency_key=key)
 
-    def lookup_order(self, key: str) -> dict[str, Any] | object | None:
-        """The order created under ``key`` / ABSENT / None (JsonClient.lookup)."""
+    def lookup_order(self, key: str) -> dict[str, Any] | Miss | Processing | None:
+        """The order created under ``key`` / Miss / Processing / None (JsonClient.lookup)."""
         return self.http.lookup("/v1/orders", key=key)
 
-    def lookup_charge(self, key: str) -> dict[str, Any] | object | None:
-        """The charge created under ``key`` / ABSENT / None (JsonClient.lookup)."""
+    def lookup_charge(self, key: str) -> dict[str, Any] | Miss | Processing | None:
+        """The charge created under ``key`` / Miss / Processing / None (JsonClient.lookup)."""
         return self.http.lookup("/v1/charges", key=key)
 
 
@@ -51,5 +53,6 @@ def client() -> PaymentsClient:
             api_key=settings.KOALA_PAYMENTS_API_KEY,
             timeout=settings.KOALA_PAYMENTS_TIMEOUT_SECONDS,
             connect_timeout=settings.KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS,
+            processing_window=settings.KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS,
         )
     )

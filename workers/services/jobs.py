@@ -18,7 +18,7 @@ from koala.audit import record_audit
 from koala.redaction import redact_text
 from workers import doorbell, kinds
 from workers.errors import EnqueueError, JobStateError
-from workers.models import Attempt, Job, JobState, Outcome
+from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome
 
 MAX_INPUT_BYTES = 16_384  # messages describe the work; customer data stays in the database
 
@@ -263,7 +263,11 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
 def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
     """Run a failed or cancelled job again, as a new job linked to the old one.
 
-    Terminal states never revert, so the old record keeps its outcome.
+    Terminal states never revert, so the old record keeps its outcome. The new job carries the
+    old one's operation keys (``operation_key_base``; its ``retry_of`` links them): each step
+    finds the ledger row the old job left, so a step that happened is not sent again, one still
+    open is reconciled first, and one that did not happen is re-sent under the same key, which
+    the provider's idempotency also dedupes. A retry can therefore never double an effect.
     """
     with transaction.atomic():
         job = _locked_job(job_id)
@@ -282,8 +286,21 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
             priority=job.priority,
             correlation_id=job.correlation_id,
         )
-        Job.objects.filter(pk=result.job_id).update(retry_of=job)
-        record_audit(actor=actor, action="retry", target_type="job", target_id=job_id, details={"new_job": result.job_id})
+        # The old job's key base, itself carried if it was a retry: a chain of retries shares one.
+        base = job.operation_key_base or job.idempotency_key or f"koala-job-{job.pk}"
+        # Same transaction as the insert: no worker can claim the new job before it has its keys.
+        Job.objects.filter(pk=result.job_id).update(retry_of=job, operation_key_base=base)
+        # Steps not done (open or failed) are the new job's to settle or send: move their rows so
+        # a person sees them, and resolves them, on the job that waits for them. The old job is
+        # terminal and locked above; its fenced writes (a cancelled body still running) fail.
+        moved = Operation.objects.filter(job=job).exclude(state__in=DONE_OPERATION_STATES).update(job_id=result.job_id)
+        record_audit(
+            actor=actor,
+            action="retry",
+            target_type="job",
+            target_id=job_id,
+            details={"new_job": result.job_id, "operation_key_base": base, "operations_moved": moved},
+        )
     return result
 
 
