@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("workers", "0004_worker_recent_starts"),
+        ("workers", "0005_job_operation_key_base"),
     ]
 
     operations = [
