@@ -6,6 +6,7 @@ no code path, present or future, can write a state the engine does not know.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -242,6 +243,12 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @staticmethod
+    def silent_after_seconds() -> float:
+        """Silence after which a worker that recorded no exit is taken as gone: a lease, and
+        never less than three missed heartbeats."""
+        return max(float(settings.KOALA_LEASE_SECONDS), 3 * float(settings.KOALA_HEARTBEAT_SECONDS))
 
 
 # -- The safety layer: operations ledger, budgets, prices, pauses -----------------------------

@@ -35,6 +35,8 @@ def exits_of(name: str) -> list[tuple[str, int]]:
 
 def test_a_worker_restarted_after_crashes_is_crash_looping(processes, settings) -> None:  # type: ignore[no-untyped-def]
     settings.KOALA_CRASH_LOOP_STARTS = 3
+    # The workers' lease and heartbeat (worker_env), so this process reads their silence the same way.
+    settings.KOALA_LEASE_SECONDS, settings.KOALA_HEARTBEAT_SECONDS = 3.0, 0.5
     killed = []
     for _ in range(3):
         worker = processes.worker("--name", "looping-w")

@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 def start_into_pipe(processes, *args: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:  # type: ignore[no-untyped-def]
     """Start manage.py with stdout and stderr to a pipe (as `2>&1 | tee log`); returns the read end."""
     read_end, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, str(REPO / "manage.py"), *args], cwd=REPO, env=env, stdout=write_end, stderr=write_end)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "manage.py"), *args], cwd=REPO, env=env, stdout=write_end, stderr=write_end
+    )
     os.close(write_end)
     processes.procs.append(proc)  # killed at teardown whatever happens
     return proc, read_end
