@@ -19,8 +19,9 @@
   heartbeat comes at least every LISTEN_SECONDS.
 - Each process records how it ended on its WorkerProcess row (clean stop, crash, or a
   death found by the next start under its name): the dashboard's crash loop counts
-  abnormal exits only. The stop is recorded before the worker logs anything more, and
-  a gone stdout/stderr (``make run | tee``, then Ctrl-C) cannot prevent it.
+  abnormal exits only. The exit is recorded as soon as RQ's loop has ended, before Koala
+  logs anything more, and a gone stdout/stderr (``make run | tee``, then Ctrl-C) cannot
+  prevent it (koala.log_handlers drops output on EPIPE; SIGPIPE is ignored).
 """
 
 from __future__ import annotations
