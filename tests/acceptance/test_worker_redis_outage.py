@@ -71,7 +71,6 @@ def test_live_workers_reregister_after_a_redis_restart_and_a_flushall(private_re
         else:
             doorbell.redis_connection().flushall()  # connections stay open: nothing breaks to notice
         began = time.monotonic()
-        assert not listed()
         wait_for(listed, timeout=10, interval=0.1, what=f"the live workers in RQ's registry after a {outage}")
         print(f"re-registered {time.monotonic() - began:.2f}s after a {outage}")
     # Re-registering never resurrects a worker that stopped.

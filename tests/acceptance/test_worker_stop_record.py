@@ -71,7 +71,7 @@ def test_ctrl_c_on_koala_run_piped_into_tee_still_records_the_workers_stop(proce
     # koala_run (its children run in their own process groups and hear it from koala_run).
     os.close(read_end)
     run.send_signal(signal.SIGINT)
-    wait_exit(run, timeout=60)
+    assert wait_exit(run, timeout=60) == 0  # a clean Ctrl-C, output or not
 
     row.refresh_from_db()
     assert row.exit == WorkerExit.STOPPED and row.stopped_at is not None, (row.exit, row.stopped_at)
