@@ -4,7 +4,7 @@ Every figure is one aggregate query over the engine's rows, so what the page sho
 the database holds at ``now``: backlog depth and the age of the oldest due job per queue,
 running and parked counts, completions and error rates over 1 h / 24 h, p50/p95 queue wait
 and run time, budgets against their limits, and worker health (healthy, idle, stuck,
-crash-looping, lost).
+crash-looping, lost, crashed, stopped).
 """
 
 from __future__ import annotations
@@ -23,7 +23,18 @@ from django.utils import timezone
 
 from console.charts import BarChart, bar_chart
 from reviews.models import ReviewRequest, ReviewState
-from workers.models import Attempt, Budget, BudgetUsage, Job, JobState, Operation, Scope, WorkerProcess
+from workers.models import (
+    ABNORMAL_EXITS,
+    Attempt,
+    Budget,
+    BudgetUsage,
+    Job,
+    JobState,
+    Operation,
+    Scope,
+    WorkerExit,
+    WorkerProcess,
+)
 from workers.services.operations import needing_attention
 from workers.services.pauses import active_pauses
 
@@ -75,7 +86,7 @@ class WorkerHealth:
     name: str
     hostname: str
     queues: list[str]
-    status: str  # healthy | idle | stuck | crash_looping | lost | stopped
+    status: str  # healthy | idle | stuck | crash_looping | lost | crashed | stopped
     why: str
     started_at: dt.datetime
     last_seen_at: dt.datetime
@@ -197,30 +208,38 @@ def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
 def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
     """Tell a crash loop from a stuck worker (R3): a live process can be stuck.
 
+    - crash_looping: KOALA_CRASH_LOOP_STARTS or more abnormal exits of one host and queue set
+      within KOALA_CRASH_LOOP_WINDOW_SECONDS. Abnormal: a process that left on an unhandled
+      error (it recorded ``crashed``), one that recorded no exit and was found dead by the
+      next start under its name (``died``), or one still silent past a lease (``lost``, not
+      yet restarted). Clean stops (SIGTERM, Ctrl-C, --burst) never count, however many;
     - lost: not stopped, but silent for longer than a lease (killed, host gone);
-    - crash_looping: KOALA_CRASH_LOOP_STARTS or more processes of one host and queue set
-      started within KOALA_CRASH_LOOP_WINDOW_SECONDS (many starts, short lives);
+    - crashed: left its loop on an unhandled error (once; a loop of them is crash_looping);
     - stuck: alive, yet for KOALA_STUCK_AFTER_SECONDS it has held one attempt, or it had due
       work in its (unpaused) queues and neither started nor finished anything;
-    - idle: alive with nothing due; healthy: alive and working.
+    - idle: alive with nothing due; healthy: alive and working; stopped: stopped cleanly.
     """
-    alive_within = dt.timedelta(seconds=max(float(settings.KOALA_LEASE_SECONDS), 3 * float(settings.KOALA_HEARTBEAT_SECONDS)))
+    alive_within = dt.timedelta(seconds=WorkerProcess.silent_after_seconds())
     stuck_after = dt.timedelta(seconds=float(settings.KOALA_STUCK_AFTER_SECONDS))
     window = dt.timedelta(seconds=float(settings.KOALA_CRASH_LOOP_WINDOW_SECONDS))
     processes = list(
         WorkerProcess.objects.filter(
-            Q(stopped_at__isnull=True, last_seen_at__gte=now - DAY) | Q(started_at__gte=now - window)
+            Q(stopped_at__isnull=True, last_seen_at__gte=now - DAY)
+            | Q(started_at__gte=now - window)
+            | Q(stopped_at__gte=now - window)
         ).order_by("hostname", "-started_at")[:200]
     )
     if not processes:
         return []
     names = [p.name for p in processes]
 
-    starts: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    abnormal: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
     for process in processes:
-        # A fixed-name worker restarted by its service manager keeps one row with many starts.
-        times = [dt.datetime.fromisoformat(t) for t in process.recent_starts] or [process.started_at]
-        starts[(process.hostname, tuple(process.queues))] += sum(1 for t in times if t >= now - window)
+        # A fixed-name worker restarted by its service manager keeps one row with its exits.
+        times = [dt.datetime.fromisoformat(e["at"]) for e in process.recent_exits if e.get("exit") in ABNORMAL_EXITS]
+        if process.exit == WorkerExit.RUNNING and now - process.last_seen_at > alive_within:
+            times.append(process.last_seen_at)  # silent, not restarted yet: a death nobody recorded
+        abnormal[(process.hostname, tuple(process.queues))] += sum(1 for t in times if t >= now - window)
 
     live: dict[str, tuple[int, dt.datetime]] = {
         worker: (job_id, started)
@@ -259,9 +278,15 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
         done = last_done.get(process.name)
         live_job_id, started_live = live.get(process.name, (None, None))
         last_activity = max([t for t in (process.started_at, done.finished_at if done else None, started_live) if t is not None])
-        loop_starts = starts.get((process.hostname, tuple(process.queues)), 0)
-        if loop_starts >= int(settings.KOALA_CRASH_LOOP_STARTS):
-            status, why = "crash_looping", f"{loop_starts} starts on {process.hostname} within {window.total_seconds():.0f} s"
+        exits = abnormal.get((process.hostname, tuple(process.queues)), 0)
+        if exits >= int(settings.KOALA_CRASH_LOOP_STARTS):
+            status, why = (
+                "crash_looping",
+                f"{exits} abnormal exits on {process.hostname} within {window.total_seconds():.0f} s",
+            )
+        elif process.exit == WorkerExit.CRASHED:
+            detail = process.recent_exits[-1].get("detail", "") if process.recent_exits else ""
+            status, why = "crashed", f"exited on {detail or 'an error'} at {process.stopped_at or process.last_seen_at:%H:%M:%S}"
         elif process.stopped_at is not None:
             status, why = "stopped", f"stopped at {process.stopped_at:%H:%M:%S}"
         elif now - process.last_seen_at > alive_within:

@@ -274,7 +274,8 @@ LOGGING = {
     "filters": {"redact": {"()": "koala.redaction.RedactingFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]},
+        # Drops its output once the reader is gone (a closed pipe) rather than failing every record.
+        "console": {"class": "koala.log_handlers.PipeSafeStreamHandler", "formatter": "plain", "filters": ["redact"]},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"rq.worker": {"level": "WARNING"}},

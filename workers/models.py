@@ -6,6 +6,7 @@ no code path, present or future, can write a state the engine does not know.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -210,6 +211,18 @@ class Attempt(models.Model):
         return f"attempt {self.number} of job {self.job_id} ({self.outcome or 'running'})"
 
 
+class WorkerExit(models.TextChoices):
+    """How a worker process ended: a crash loop is repeated abnormal exits, never clean stops."""
+
+    RUNNING = "", "running"
+    STOPPED = "stopped", "stopped"  # clean: asked to stop (SIGTERM, Ctrl-C, --burst done) and recorded it itself
+    CRASHED = "crashed", "crashed"  # left its loop on an unhandled error, and recorded it itself
+    DIED = "died", "died"  # recorded nothing (kill -9, OOM, host loss): found by the next start under its name
+
+
+ABNORMAL_EXITS = (WorkerExit.CRASHED, WorkerExit.DIED)
+
+
 class WorkerProcess(models.Model):
     """One RQ worker process: the base for telling a crash loop from a stuck worker."""
 
@@ -225,6 +238,12 @@ class WorkerProcess(models.Model):
     # A worker restarted under a fixed --name (a systemd instance) reuses its row: keep its
     # recent start times so a crash loop still shows as many starts, not one long life.
     recent_starts = models.JSONField(default=list, blank=True, help_text="ISO times of the latest starts (at most 20).")
+    # How the process this row describes ended ("" while it runs). stopped_at is set by the
+    # process itself for both STOPPED and CRASHED; DIED is only ever inferred by someone else.
+    exit = models.CharField(max_length=10, choices=WorkerExit.choices, default=WorkerExit.RUNNING, blank=True)
+    # The latest exits under this name, oldest first: {"at": ISO time, "exit": WorkerExit,
+    # "pid": int, "detail": str}. For DIED, "at" is the last sign of life (last_seen_at).
+    recent_exits = models.JSONField(default=list, blank=True, help_text="The latest exits under this name (at most 20).")
 
     class Meta:
         ordering = ["-last_seen_at"]
@@ -232,6 +251,12 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @staticmethod
+    def silent_after_seconds() -> float:
+        """Silence after which a worker that recorded no exit is taken as gone: a lease, and
+        never less than three missed heartbeats."""
+        return max(float(settings.KOALA_LEASE_SECONDS), 3 * float(settings.KOALA_HEARTBEAT_SECONDS))
 
 
 # -- The safety layer: operations ledger, budgets, prices, pauses -----------------------------

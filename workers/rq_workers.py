@@ -10,7 +10,18 @@
 - A Redis outage never ends the worker. RQ retries Redis only while it waits for a
   message; an outage that hits its bookkeeping around a message makes RQ's loop quit
   (and its teardown raise). The jobs are safe in PostgreSQL, so the worker restarts
-  RQ's loop with a backoff until Redis answers again, and the dispatcher re-rings.
+  RQ's loop until Redis answers again, and the dispatcher re-rings. Both retries are
+  bounded to REDIS_RETRY_SECONDS (RQ's own backoff grows to 60 s), so an idle worker
+  listens again within about a second of Redis returning.
+- RQ registers a worker in Redis once, at birth; a Redis that restarted empty, was
+  flushed or failed over forgets it (django-rq's pages and ``rq.Worker.all()`` lose it).
+  Every heartbeat checks the registration and puts it back, and an idle worker's
+  heartbeat comes at least every LISTEN_SECONDS.
+- Each process records how it ended on its WorkerProcess row (clean stop, crash, or a
+  death found by the next start under its name): the dashboard's crash loop counts
+  abnormal exits only. The exit is recorded as soon as RQ's loop has ended, before Koala
+  logs anything more, and a gone stdout/stderr (``make run | tee``, then Ctrl-C) cannot
+  prevent it (koala.log_handlers drops output on EPIPE; SIGPIPE is ignored).
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
 from workers import kinds
-from workers.models import WorkerProcess
+from workers.models import WorkerExit, WorkerProcess
 from workers.runtime import get_runtime
 
 log = logging.getLogger("koala.worker")
@@ -53,10 +64,31 @@ def default_worker_name() -> str:
 
 
 RECENT_STARTS_KEPT = 20
+RECENT_EXITS_KEPT = 20
+
+# Redis outages: how long a worker waits between attempts to reach Redis again, in RQ's
+# dequeue loop and in Koala's restart of RQ's loop. This bounds how late an idle worker
+# resumes after Redis returns (one more connect on top); one attempt a second per worker is
+# nothing to a Redis that is up. redis-py's own per-command retries (10, backoff capped at
+# 1 s) run inside each attempt and keep the same bound.
+REDIS_RETRY_SECONDS = 1.0
+# Longest an idle worker blocks on Redis before its next heartbeat (RQ's default is
+# worker_ttl - 15 = 405 s): bounds how long a flushed Redis goes without this worker in
+# its registry. Costs one BLPOP and one pipelined heartbeat per interval per worker.
+LISTEN_SECONDS = 5
+
+
+class WorkerNameInUse(Exception):
+    """Another live process holds this worker name."""
+
+
+def _exit_entry(at: Any, exit: WorkerExit, pid: int, detail: str) -> dict[str, Any]:
+    return {"at": at.isoformat(), "exit": str(exit), "pid": pid, "detail": detail}
 
 
 class _Presence:
-    """Keeps the WorkerProcess row fresh from a thread of the worker's main process."""
+    """Keeps the WorkerProcess row fresh from a thread of the worker's main process, and
+    records how the process ended."""
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -65,14 +97,27 @@ class _Presence:
 
     def start(self) -> None:
         now = timezone.now()
+        hostname, pid = socket.gethostname(), os.getpid()
         with transaction.atomic():
+            # FOR UPDATE: two processes starting under one name decide one after the other.
             row = WorkerProcess.objects.select_for_update().filter(name=self.worker.name).first()
             starts = [*(row.recent_starts if row is not None else []), now.isoformat()][-RECENT_STARTS_KEPT:]
+            exits = list(row.recent_exits) if row is not None else []
+            if row is not None and row.exit == WorkerExit.RUNNING and row.stopped_at is None:
+                # The previous holder of the name recorded no exit. Either it still runs (a
+                # real clash: refuse before touching its row) or it died without a word
+                # (kill -9, OOM, power loss): record that death, dated by its last sign of life.
+                if _holder_alive(row, hostname=hostname, now=now):
+                    raise WorkerNameInUse(
+                        f"worker name {self.worker.name!r} is held by live pid {row.pid} on {row.hostname}; "
+                        "choose another --name or stop that worker"
+                    )
+                exits.append(_exit_entry(row.last_seen_at, WorkerExit.DIED, row.pid, "recorded no exit"))
             WorkerProcess.objects.update_or_create(
                 name=self.worker.name,
                 defaults={
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
+                    "hostname": hostname,
+                    "pid": pid,
                     "queues": self.worker.queue_names(),
                     "kinds": [k.key for k in kinds.served()],
                     "worker_class": type(self.worker).__name__,
@@ -80,6 +125,8 @@ class _Presence:
                     "last_seen_at": now,
                     "stopped_at": None,
                     "recent_starts": starts,
+                    "exit": WorkerExit.RUNNING,
+                    "recent_exits": exits[-RECENT_EXITS_KEPT:],
                 },
             )
         # The parent must hold no connection when it forks; the thread uses its own.
@@ -92,19 +139,50 @@ class _Presence:
         try:
             while not self.stop.wait(interval):
                 try:
-                    WorkerProcess.objects.filter(name=self.worker.name).update(last_seen_at=timezone.now())
+                    # pid: a process that was frozen while a successor took its name over must
+                    # not make the successor's row look alive.
+                    WorkerProcess.objects.filter(name=self.worker.name, pid=os.getpid()).update(last_seen_at=timezone.now())
                 except Exception as exc:  # the database may be away for a while; keep trying
                     log.warning("worker presence update failed: %s", type(exc).__name__)
                     connection.close()
         finally:
             connection.close()
 
-    def finish(self) -> None:
+    def finish(self, exit: WorkerExit, detail: str) -> None:
+        """Record how this process ended. Runs before the worker logs anything more: a log
+        write is the one thing here that an outside event (a gone pipe) can make fail."""
         self.stop.set()
+        now = timezone.now()
         try:
-            WorkerProcess.objects.filter(name=self.worker.name).update(stopped_at=timezone.now(), last_seen_at=timezone.now())
+            with transaction.atomic():
+                # Only our own, still-running row: if a later start already took the name over
+                # (it found us silent and recorded a death), this process must not undo that.
+                row = (
+                    WorkerProcess.objects.select_for_update()
+                    .filter(name=self.worker.name, pid=os.getpid(), exit=WorkerExit.RUNNING)
+                    .first()
+                )
+                if row is None:
+                    return
+                row.exit = exit
+                row.stopped_at = row.last_seen_at = now
+                row.recent_exits = [*row.recent_exits, _exit_entry(now, exit, row.pid, detail)][-RECENT_EXITS_KEPT:]
+                row.save(update_fields=["exit", "stopped_at", "last_seen_at", "recent_exits"])
+        except Exception as exc:  # the database is away: the next start under this name records a death
+            log.warning("worker %s: could not record its exit (%s)", self.worker.name, type(exc).__name__)
         finally:
             connection.close()
+
+
+def _holder_alive(row: WorkerProcess, *, hostname: str, now: Any) -> bool:
+    """Whether the process a not-stopped row names may still run.
+
+    On this host the pid answers (the rule register_birth applies to RQ's key); elsewhere
+    only a fresh heartbeat can say so.
+    """
+    if row.hostname == hostname:
+        return _pid_alive(row.pid)
+    return (now - row.last_seen_at).total_seconds() <= WorkerProcess.silent_after_seconds()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -123,7 +201,14 @@ class KoalaWorkerMixin:
     death_penalty_class: type[BaseDeathPenalty] = NoDeathPenalty
     shutdown_deadline: float | None = None
 
-    restart_delay_max = 30.0
+    restart_delay_max = 30.0  # RQ's loop ending for another reason than Redis: back off
+    redis_retry_seconds = REDIS_RETRY_SECONDS
+    # RQ's dequeue loop sleeps 1, 2, 4 ... up to this between Redis attempts (RQ: 60 s).
+    max_connection_wait_time = REDIS_RETRY_SECONDS
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return min(int(super().dequeue_timeout), LISTEN_SECONDS)  # type: ignore[misc]
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         # A pool forks its workers from a parent that may hold connections.
@@ -132,38 +217,101 @@ class KoalaWorkerMixin:
         runtime = get_runtime()
         runtime.configure(name=self.name, queues=self.queue_names())  # type: ignore[attr-defined]
         presence = _Presence(self)
-        presence.start()
+        presence.start()  # raises WorkerNameInUse before anything is recorded
+        try:
+            worked = self._serve(runtime, burst, *args, **kwargs)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Ctrl-C before RQ's handlers were installed, or RQ's cold shutdown (a second
+            # Ctrl-C): an operator stopped it; nothing crashed.
+            presence.finish(WorkerExit.STOPPED, f"forced ({type(exc).__name__})")
+            raise
+        except BaseException as exc:
+            stopping = runtime.shutdown_requested.is_set()
+            presence.finish(WorkerExit.STOPPED if stopping else WorkerExit.CRASHED, type(exc).__name__)
+            raise
+        presence.finish(WorkerExit.STOPPED, getattr(self, "_stop_signal", "") or ("burst done" if burst else "RQ loop ended"))
+        return worked
+
+    def _serve(self, runtime: Any, burst: bool, *args: Any, **kwargs: Any) -> bool:
         worked = False
         delay = 1.0
-        try:
-            while True:
-                began = time.monotonic()
-                try:
-                    worked = bool(super().work(burst, *args, **kwargs)) or worked  # type: ignore[misc]
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                    # RQ's loop quit on a Redis error and its teardown could not reach Redis either
-                    # (or Redis was still away when the loop restarted).
-                    log.warning("worker %s: Redis unreachable (%s)", self.name, type(exc).__name__)  # type: ignore[attr-defined]
-                if burst or runtime.shutdown_requested.is_set():
-                    return worked
+        while True:
+            began = time.monotonic()
+            redis_away = False
+            try:
+                worked = bool(super().work(burst, *args, **kwargs)) or worked  # type: ignore[misc]
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # RQ's loop quit on a Redis error and its teardown could not reach Redis either
+                # (or Redis was still away when the loop restarted).
+                redis_away = True
+                log.warning("worker %s: Redis unreachable (%s)", self.name, type(exc).__name__)  # type: ignore[attr-defined]
+            if burst or runtime.shutdown_requested.is_set():
+                return worked
+            if redis_away:
+                # No backoff: retrying Redis costs one connect, and the sooner it answers the
+                # sooner this worker listens again (REDIS_RETRY_SECONDS bounds that).
+                wait = self.redis_retry_seconds
+            else:
                 # RQ's loop ended without a stop request: an error outside its dequeue retry,
                 # such as Redis going away while a message was being recorded. Serve again.
                 if time.monotonic() - began > 60:
                     delay = 1.0
+                wait = delay
+                delay = min(delay * 2, self.restart_delay_max)
                 log.error(
                     "worker %s: RQ's work loop stopped unexpectedly; restarting it in %.0fs",
                     self.name,  # type: ignore[attr-defined]
-                    delay,
+                    wait,
                 )
-                try:
-                    if runtime.shutdown_requested.wait(delay):
-                        return worked
-                except StopRequested:  # SIGTERM while waiting
+            try:
+                if runtime.shutdown_requested.wait(wait):
                     return worked
-                delay = min(delay * 2, self.restart_delay_max)
-                self._forget_registration()
-        finally:
-            presence.finish()
+            except StopRequested:  # SIGTERM while waiting
+                return worked
+            self._forget_registration()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's heartbeat, plus a check that Redis still lists this worker, in one round trip.
+
+        A restarted (empty), flushed or failed-over Redis has forgotten the registration
+        RQ made at birth; RQ's heartbeat would only recreate a hash holding last_heartbeat,
+        so django-rq's pages and ``rq.Worker.all()`` would not list this live worker again.
+        """
+        if pipeline is not None:  # part of RQ's own pipeline around a job: RQ executes it
+            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            return
+        with self.connection.pipeline(transaction=False) as batch:  # type: ignore[attr-defined]
+            super().heartbeat(timeout, pipeline=batch)  # type: ignore[misc]
+            batch.sismember(self.redis_workers_keys, self.key)  # type: ignore[attr-defined]
+            batch.hexists(self.key, "queues")  # type: ignore[attr-defined]
+            *_, listed, described = batch.execute()
+        if not (listed and described):
+            self._register_again()
+
+    def maintain_heartbeats(self, job: Any) -> None:
+        # The forking worker's heartbeat while its horse runs a job (every job_monitoring_interval).
+        super().maintain_heartbeats(job)  # type: ignore[misc]
+        with self.connection.pipeline(transaction=False) as batch:  # type: ignore[attr-defined]
+            batch.sismember(self.redis_workers_keys, self.key)  # type: ignore[attr-defined]
+            batch.hexists(self.key, "queues")  # type: ignore[attr-defined]
+            listed, described = batch.execute()
+        if not (listed and described):
+            self._register_again()
+
+    def _register_again(self) -> None:
+        """Put back what register_birth wrote: the worker's hash and its registry sets.
+
+        Runs on the worker's main thread only (the heartbeat's), so it can never race RQ's
+        register_death at teardown and resurrect a stopped worker.
+        """
+        if self.birth_date is None or self.last_heartbeat is None:  # type: ignore[attr-defined]
+            return  # not born yet: register_birth will do it
+        with self.connection.pipeline() as batch:  # type: ignore[attr-defined]
+            batch.hset(self.key, mapping={**self.serialize(), "state": self.get_state()})  # type: ignore[attr-defined]
+            worker_registration.register(self, batch)  # type: ignore[arg-type]
+            batch.expire(self.key, self.worker_ttl + 60)  # type: ignore[attr-defined]
+            batch.execute()
+        log.warning("worker %s: Redis had forgotten this worker (restart, flush or failover); registered it again", self.name)  # type: ignore[attr-defined]
 
     def register_birth(self) -> None:
         """Take over the name from a previous incarnation that died without registering its death.
@@ -199,6 +347,7 @@ class KoalaWorkerMixin:
                 pipeline.execute()
 
     def request_stop(self, signum: int, frame: Any) -> None:
+        self._stop_signal = signal.Signals(signum).name  # recorded as the clean exit's detail
         get_runtime().request_shutdown(self.shutdown_deadline)
         horse = getattr(self, "_horse_pid", 0)
         if horse:

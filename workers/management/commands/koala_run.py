@@ -163,8 +163,23 @@ class Supervisor:
         self.out = sys.stdout.buffer
 
     def say(self, message: str) -> None:
-        self.out.write(f"{'koala_run':>{self.width}} | {message}\n".encode())
-        self.out.flush()
+        self.write(f"{'koala_run':>{self.width}} | {message}\n".encode())
+
+    def write(self, data: bytes) -> None:
+        """Our output, or nothing once its reader is gone.
+
+        `make run | tee log`, then Ctrl-C: tee dies first and every write here fails (EPIPE).
+        That must not end the supervisor, whose exit path SIGKILLs the children: the workers
+        would never stop gracefully nor record their stop. Keep supervising; drop the output.
+        """
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # also spares the interpreter's final flush
+            os.close(devnull)
+            self.out = open(os.devnull, "wb")  # held until exit
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append((signum, time.monotonic()))
@@ -205,10 +220,8 @@ class Supervisor:
             lines.append(child.pending)
             child.pending = b""
         prefix = f"{child.name:>{self.width}} | ".encode()
-        for line in lines:
-            self.out.write(prefix + line.rstrip(b"\r") + b"\n")
         if lines:
-            self.out.flush()
+            self.write(b"".join(prefix + line.rstrip(b"\r") + b"\n" for line in lines))
 
     def send(self, sig: int) -> None:
         for child in self.children:

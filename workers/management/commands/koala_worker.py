@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -9,7 +12,7 @@ from rq.worker_pool import WorkerPool
 
 from workers import doorbell
 from workers.dbsession import bound_sessions
-from workers.rq_workers import WORKER_CLASSES, default_worker_name
+from workers.rq_workers import WORKER_CLASSES, WorkerNameInUse, default_worker_name
 
 
 class Command(BaseCommand):
@@ -38,6 +41,10 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # A write to a pipe whose reader is gone must raise (and be dropped by the log handler),
+        # never kill the worker before it stops gracefully and records the stop. Python ignores
+        # SIGPIPE at start-up; say so here rather than depend on how we were started.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         if not queues:
             raise CommandError("--queues needs at least one queue name.")
@@ -66,4 +73,21 @@ class Command(BaseCommand):
         worker = worker_class(
             [doorbell.rq_queue(q) for q in queues], connection=connection, name=options["name"] or default_worker_name()
         )
-        worker.work(burst=options["burst"], logging_level=level)
+        try:
+            worker.work(burst=options["burst"], logging_level=level)
+        except WorkerNameInUse as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            _quiet_if_unread()
+
+
+def _quiet_if_unread() -> None:
+    """If stdout/stderr lost their reader, point them at /dev/null before the interpreter's
+    final flush, which would otherwise fail and turn a clean stop into exit status 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # EPIPE: the reader is gone
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
