@@ -288,10 +288,12 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
         record_audit(
             actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
         )
-        if previous == JobState.PARKED:
-            from reviews.services import withdraw_open_reviews
+        # Whatever the state: a job approved (so queued again) and cancelled before it ran
+        # would otherwise keep an open approval. The job row is locked first, then its
+        # reviews: the order every service that touches both keeps, so none can deadlock.
+        from reviews.services import withdraw_open_reviews
 
-            withdraw_open_reviews(job_id=job_id, actor=actor)
+        withdraw_open_reviews(job_id=job_id, actor=actor)
     return job
 
 
