@@ -22,8 +22,8 @@ from reviews.models import ReviewRequest
 from reviews.services import approve_review, expire_reviews, reject_review
 from tests.inprocess import run_until
 from workers.errors import JobStateError, SafetyError
-from workers.models import Budget, BudgetUsage, Job, Operation
-from workers.services import budgets, leases
+from workers.models import Budget, BudgetUsage, Job, ModelPrice, Operation, Pause
+from workers.services import budgets, leases, pauses
 from workers.services.jobs import cancel_job, enqueue, requeue_job
 from workers.services.operations import resolve_operation
 
@@ -185,3 +185,43 @@ def test_a_review_decision_racing_a_cancel_never_deadlocks(tmp_path: Path, redis
         assert job.state in ("cancelled", "failed"), job.state
         assert review.state not in ("pending", "approved"), review.state
     assert failures == []
+
+
+# -- pauses and prices: guards that already were the database's ----------------------------------
+
+
+def test_concurrent_pauses_of_one_scope_give_one_pause_and_clear_refusals() -> None:
+    results = together(*[lambda: pauses.pause(scope="queue", target="default", reason="incident", actor="ops") for _ in range(8)])
+    assert unclear(results) == []
+    assert sum(isinstance(r, Pause) for r in results) == 1
+    assert all("already paused" in str(r) for r in results if isinstance(r, Exception))
+    assert Pause.objects.filter(scope="queue", target="default", lifted_at__isnull=True).count() == 1
+    live = Pause.objects.get(lifted_at__isnull=True)
+    resumed = together(*[lambda: pauses.resume(pause_id=live.pk, actor="ops") for _ in range(4)])
+    assert unclear(resumed) == []
+    assert sum(isinstance(r, Pause) for r in resumed) == 1
+    assert AuditEvent.objects.filter(action="resume").count() == 1
+
+
+def test_concurrent_price_settings_of_a_new_model_never_leak_integrity_errors() -> None:
+    results = together(
+        *[
+            lambda n=n: budgets.set_model_price(model="m-new", input_minor_per_mtok=n, output_minor_per_mtok=n, actor="ops")
+            for n in range(8)
+        ]
+    )
+    assert unclear(results) == []
+    assert ModelPrice.objects.filter(model="m-new").count() == 1
+
+
+def test_concurrent_limit_changes_are_serialized_and_each_audited() -> None:
+    budget = budgets.create_budget(name="b", scope="global", request_limit=1, actor="ops")
+    results = together(
+        *[lambda n=n: budgets.update_budget(budget_id=budget.pk, actor="ops", request_limit=n) for n in range(2, 8)]
+    )
+    assert unclear(results) == []
+    stored = Budget.objects.get(pk=budget.pk).request_limit
+    audits = list(AuditEvent.objects.filter(action="budget.update").order_by("id").values_list("details", flat=True))
+    # Each change saw the one before it (the row lock): the befores chain, and the last after is stored.
+    assert [a["before"]["request_limit"] for a in audits[1:]] == [a["after"]["request_limit"] for a in audits[:-1]]
+    assert audits[-1]["after"]["request_limit"] == stored
