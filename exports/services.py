@@ -22,6 +22,7 @@ from exports.storage import ExportStore, output_key_for
 from koala.audit import record_audit
 from koala.redaction import redact_text
 from workers.errors import JobStateError
+from workers.models import Job
 from workers.services.jobs import cancel_job, enqueue
 
 EXPORT_KIND = "export.csv"
@@ -185,6 +186,11 @@ def cancel_export(*, export_id: int, user: Person, reason: str = "") -> Export:
     reason = redact_text(reason)  # free text from a person: never store a pasted secret
     with transaction.atomic():
         export = get_export(export_id=export_id, user=user)
+        if export.job_id is not None:
+            # Lock order: the job row, then the export row. The export job's fenced writes
+            # (publish, completion) hold the job row while they write the export; locking the
+            # export first here and the job second (in cancel_job) could deadlock with them.
+            Job.objects.select_for_update().filter(pk=export.job_id).values_list("pk", flat=True).first()
         locked = Export.objects.select_for_update().get(pk=export.pk)
         if locked.is_terminal:
             raise ExportError(f"export {export_id} is already {locked.state}; terminal states never change.")

@@ -49,9 +49,14 @@ def decision_blocker(*, review: ReviewRequest, actor: str, approving: bool = Tru
         return f"this review is already {review.state}{who}."
     if review.expires_at <= timezone.now():
         return "this review has expired; the job ends by policy."
-    job_state = Job.objects.filter(pk=review.job_id).values_list("state", flat=True).first()
+    job_state, park_reason = Job.objects.filter(pk=review.job_id).values_list("state", "park_reason").first() or ("", None)
     if job_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
         return f"the job is already {job_state}; there is nothing left to decide."
+    if (job_state, park_reason) != (JobState.PARKED, ParkReason.WAITING_REVIEW):
+        return (
+            f"the job is {job_state} right now; decide once it is parked waiting for this review "
+            "(it parks when it reaches the action)."
+        )
     if approving and review.requested_by and review.requested_by == actor:
         return "four-eyes rule: you requested this action (you enqueued the job), so someone else must approve it."
     return None
@@ -147,17 +152,40 @@ def _get(review_id: int) -> ReviewRequest:
     return review
 
 
+def _lock_job_of(review_id: int) -> None:
+    """Lock the review's job row, first. Lock order: job, then review, as cancel_job (which
+    withdraws the job's reviews) and the expiry do; deciding the review first and touching the
+    job after would deadlock against a concurrent cancel. Holding the job also keeps the state
+    the decision's UPDATE tests (parked waiting for review) true until we commit."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT j.id FROM workers_job j JOIN reviews_reviewrequest r ON r.job_id = j.id WHERE r.id = %s FOR UPDATE OF j",
+            [review_id],
+        )
+
+
 def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRequest:
-    """Approve a pending review (not one's own); the parked job is queued and re-runs."""
+    """Approve a pending review (not one's own) of a job parked for it; the job is queued and re-runs.
+
+    A job not parked for review (queued or running again after an operator's requeue) is
+    refused: its attempt is about to park on this review or has just found it, and an
+    approval whose unpark found the job still running would leave it parked for ever.
+    """
     if not actor:
         raise SafetyError("an approval needs the approver's name.")
     now = timezone.now()
     with transaction.atomic():
+        _lock_job_of(review_id)
         # The conditional UPDATE decides; concurrent approvals or an expiry cannot both win.
         updated = (
-            ReviewRequest.objects.filter(pk=review_id, state=ReviewState.PENDING, expires_at__gt=now)
+            ReviewRequest.objects.filter(
+                pk=review_id,
+                state=ReviewState.PENDING,
+                expires_at__gt=now,
+                job__state=JobState.PARKED,
+                job__park_reason=ParkReason.WAITING_REVIEW,
+            )
             .exclude(requested_by=actor)
-            .exclude(job__state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
             .update(
                 state=ReviewState.APPROVED,
                 decided_by=actor,
@@ -189,9 +217,15 @@ def reject_review(*, review_id: int, actor: str, comment: str) -> ReviewRequest:
     now = timezone.now()
     text = redact_text(comment.strip(), limit=1000)
     with transaction.atomic():
-        updated = ReviewRequest.objects.filter(pk=review_id, state=ReviewState.PENDING, expires_at__gt=now).update(
-            state=ReviewState.REJECTED, decided_by=actor, decided_at=now, comment=text
-        )
+        _lock_job_of(review_id)
+        # Only a job parked for this review: the rejection ends it in this same transaction.
+        updated = ReviewRequest.objects.filter(
+            pk=review_id,
+            state=ReviewState.PENDING,
+            expires_at__gt=now,
+            job__state=JobState.PARKED,
+            job__park_reason=ParkReason.WAITING_REVIEW,
+        ).update(state=ReviewState.REJECTED, decided_by=actor, decided_at=now, comment=text)
         review = _get(review_id)
         if not updated:
             raise SafetyError(
@@ -219,14 +253,28 @@ def _fail_parked(review: ReviewRequest, *, reason: str, message: str) -> None:
     )
 
 
-def expire_reviews() -> int:
+def expire_reviews(*, batch: int = 1000) -> int:
     """Pending reviews past their time end their job (review_expired); unused approvals lapse."""
     now = timezone.now()
     count = 0
-    with transaction.atomic():
-        for review in ReviewRequest.objects.select_for_update(skip_locked=True).filter(
-            state__in=[ReviewState.PENDING, ReviewState.APPROVED], expires_at__lte=now
-        ):
+    due = list(
+        ReviewRequest.objects.filter(state__in=[ReviewState.PENDING, ReviewState.APPROVED], expires_at__lte=now)
+        .order_by("expires_at")
+        .values_list("pk", "job_id")[:batch]
+    )
+    for review_id, job_id in due:
+        with transaction.atomic():
+            # Lock order job, then review (see _lock_job_of). A row someone holds right now (a
+            # cancel, a decision, another beat replica) is skipped; the next tick looks again.
+            if not list(Job.objects.select_for_update(skip_locked=True).filter(pk=job_id).values_list("pk", flat=True)):
+                continue
+            review = (
+                ReviewRequest.objects.select_for_update(skip_locked=True)
+                .filter(pk=review_id, state__in=[ReviewState.PENDING, ReviewState.APPROVED], expires_at__lte=now)
+                .first()
+            )
+            if review is None:
+                continue  # decided, withdrawn or expired meanwhile
             was = review.state
             review.state = ReviewState.EXPIRED
             review.save(update_fields=["state"])

@@ -87,6 +87,7 @@ if os.environ.get("KOALA_TEST_NO_V2") != "1":
     def versioned_v2(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
         if "log" in data:
             effect(data["log"], f"v2 {ctx.job_id} {os.getpid()}")
+        time.sleep(float(data.get("seconds", 0)))  # keeps the only v2 worker busy (rolling-deploy tests)
         return {"served_by": "v2", "pid": os.getpid()}
 
 

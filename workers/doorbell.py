@@ -19,12 +19,13 @@ from collections.abc import Iterable
 
 from django.conf import settings
 from redis import Redis
-from rq import Queue
+from rq import Queue, get_current_job
 from rq.queue import EnqueueData
 
 log = logging.getLogger(__name__)
 
 ENTRY = "workers.runtime.deliver"
+HOPS = "koala_hops"  # message meta: how many workers have passed this doorbell on (see pass_on)
 _connection: Redis | None = None
 
 
@@ -72,3 +73,42 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
     except Exception as exc:  # Redis down: the dispatcher re-rings from PostgreSQL later
         log.warning("doorbell for queue %s failed (%s); the dispatcher will re-ring", queue, type(exc).__name__)
         return 0
+
+
+def hops() -> int:
+    """How many workers passed on the doorbell being handled now (0: a first ring, or no RQ)."""
+    current = get_current_job()
+    return int(current.meta.get(HOPS, 0)) if current is not None else 0
+
+
+def pass_on(queue: str, job_id: int, version: int, *, hops: int) -> bool:
+    """Put back, at the head of the queue, a doorbell this worker took but cannot serve.
+
+    Why at the head and why this reaches a capable worker: Redis hands a pushed message to
+    the client that has been blocked in BLPOP longest, and a worker that passes a message
+    on is busy, then queues up behind everyone already waiting. So each worker that cannot
+    serve the job takes it at most once before a waiting capable worker does, and the caller
+    bounds ``hops`` by the number of such workers: no loop between old workers while the
+    capable ones are all busy (they find the job with their own next claim, or the dispatcher
+    rings again). The message replaces the one consumed, so the queue's depth bound does
+    not apply. Never raises, like ``ring``.
+    """
+    try:
+        rq_queue(queue).enqueue_many(
+            [
+                Queue.prepare_data(
+                    ENTRY,
+                    args=(job_id, version),
+                    timeout=-1,
+                    result_ttl=0,
+                    failure_ttl=86400,
+                    description=f"koala job {job_id}",
+                    at_front=True,
+                    meta={HOPS: hops},
+                )
+            ]
+        )
+        return True
+    except Exception as exc:
+        log.warning("passing on the doorbell for job %s failed (%s); the dispatcher will re-ring", job_id, type(exc).__name__)
+        return False

@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from koala.redaction import redact_text, sensitive_values
-from workers import kinds
+from workers import doorbell, kinds
 from workers.errors import (
     AttemptTimeout,
     Interrupted,
@@ -530,10 +530,21 @@ class WorkerRuntime:
         # never depend on this.
         gated = budgets.claims_are_gated()
         if first_job_id is not None and not self.shutdown_requested.is_set():
-            lease = leases.claim_job(job_id=first_job_id, worker=self.name, lease_seconds=self.lease_seconds, gated=gated)
+            lease = leases.claim_job(
+                job_id=first_job_id, worker=self.name, lease_seconds=self.lease_seconds, served=served, gated=gated
+            )
             if lease is not None:
                 self.run(lease)
                 ran += 1
+            else:
+                # The doorbell may have been for a version we lack (a rolling deploy): we never
+                # claim such a job, but the message was meant for a worker that has it. Pass it
+                # on while one is live, at most once per live worker that lacks it (see
+                # doorbell.pass_on for why that reaches a waiting capable worker).
+                hops = doorbell.hops()
+                missed = leases.misdelivered(job_id=first_job_id, served=served, live_seconds=self.lease_seconds)
+                if missed is not None and missed.capable and hops < missed.incapable:
+                    doorbell.pass_on(missed.queue, first_job_id, missed.version, hops=hops + 1)
         exhausted = False
         # The claim statement is the authority on pauses; knowing them up front only spares it
         # from walking past a paused kind's backlog on every claim (11 -> 5 ms per claim with

@@ -161,7 +161,9 @@ def test_unservable_job_is_released_with_growing_backoff(redis_clean: None) -> N
         delays = []
         for _ in range(3):
             Job.objects.filter(pk=job_id).update(scheduled_at=timezone.now())
-            lease = leases.claim_job(job_id=job_id, worker="old", lease_seconds=30)
+            # Workers never claim a job they do not serve; a lease for one can still reach this
+            # path (claimed for a worker with a different registry), and run() hands it back.
+            lease = leases.claim_job(job_id=job_id, worker="old", lease_seconds=30, served=["versioned@2"])
             assert lease is not None
             get_runtime().run(lease)
             job = Job.objects.get(pk=job_id)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -126,19 +126,25 @@ def create_budget(
         raise SafetyError(f"currency must be a 3-letter code, not {currency!r}.")
     clean = _check_limits(limits)
     with transaction.atomic():
-        if Budget.objects.filter(name=name).exists():
-            raise SafetyError(f"a budget named {name!r} already exists.")
-        budget = Budget.objects.create(
-            name=name,
-            scope=scope,
-            target=target,
-            tenant=tenant,
-            timezone=zone,
-            currency=currency.upper(),
-            pause_on_exhaust=pause_on_exhaust,
-            created_by=actor,
-            **clean,
-        )
+        # The unique name decides, not a look first: two people creating the same budget at
+        # once both see no such name, and the second INSERT waits for the first and fails.
+        try:
+            with transaction.atomic():
+                budget = Budget.objects.create(
+                    name=name,
+                    scope=scope,
+                    target=target,
+                    tenant=tenant,
+                    timezone=zone,
+                    currency=currency.upper(),
+                    pause_on_exhaust=pause_on_exhaust,
+                    created_by=actor,
+                    **clean,
+                )
+        except IntegrityError:
+            if Budget.objects.filter(name=name).exists():
+                raise SafetyError(f"a budget named {name!r} already exists.") from None
+            raise  # another constraint: the checks above should have caught it
         record_audit(
             actor=actor,
             action="budget.create",

@@ -8,8 +8,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -74,28 +74,56 @@ def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
     return kind, input_fingerprint(kind.name, kind.version, spec.input), encoded
 
 
+class _Row(NamedTuple):
+    """One job's INSERT values, in _INSERT_COLUMNS order (the constant columns are in _ROW)."""
+
+    kind: str
+    version: int
+    queue: str
+    input: str  # JSON text
+    input_fingerprint: str
+    idempotency_key: str | None
+    priority: int
+    delivery: str
+    scheduled_at: datetime
+    deadline_at: datetime | None
+    max_attempts: int
+    timeout_seconds: float
+    correlation_id: str
+    trace_id: str
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
 _INSERT_COLUMNS = (
-    "kind, version, queue, input, input_fingerprint, idempotency_key, state, priority, delivery, "
-    "scheduled_at, deadline_at, attempts, max_attempts, timeout_seconds, lease_token, progress, run_state, "
-    "usage, error_class, error_message, park_detail, parked_on, correlation_id, trace_id, created_by, created_at, updated_at"
+    "kind, version, queue, input, input_fingerprint, idempotency_key, priority, delivery, scheduled_at, deadline_at, "
+    "max_attempts, timeout_seconds, correlation_id, trace_id, created_by, created_at, updated_at, "
+    "state, attempts, lease_token, progress, run_state, usage, error_class, error_message, park_detail, parked_on"
 )
 _ROW = (
-    "(%s, %s, %s, %s::jsonb, %s, %s, 'queued', %s, %s, %s, %s, 0, %s, %s, 0, '{}', '{}', '{}', '', '', '', '{}', "
-    "%s, %s, %s, %s, %s)"
+    "(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "'queued', 0, 0, '{}', '{}', '{}', '', '', '', '{}')"
 )
+assert len(_Row._fields) == _ROW.count("%s")
+
+
+def _lock_order(row: _Row) -> tuple[int, str, str]:
+    # Key-less rows conflict with nothing; they go last, in the caller's order (sorted is stable).
+    return (0, row.kind, row.idempotency_key) if row.idempotency_key is not None else (1, "", "")
 
 
 def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[EnqueueResult]:
     """Create jobs in one transaction and ring the doorbell after commit.
 
     A reused idempotency key returns the existing job when the input matches and
-    raises EnqueueError (rolling back the whole batch) when it differs.
+    raises EnqueueError (rolling back the whole batch) when it differs. Results are in
+    the order of ``specs``.
     """
     if not specs:
         return []
     now = timezone.now()
-    rows: list[tuple[Any, ...]] = []
-    prepared = []
+    rows: list[_Row] = []
     seen_keys: dict[tuple[str, str], str] = {}
     for spec in specs:
         kind, fingerprint, encoded = _validated(spec)
@@ -104,84 +132,91 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
             if previous != fingerprint:
                 raise EnqueueError(f"idempotency key {spec.idempotency_key!r} appears twice in the batch with different input.")
         trace_id = secrets.token_hex(16)
-        deadline = now + timedelta(seconds=kind.deadline_seconds) if kind.deadline_seconds else None
         rows.append(
-            (
-                kind.name,
-                kind.version,
-                spec.queue or kind.queue,
-                encoded,
-                fingerprint,
-                spec.idempotency_key,
-                spec.priority,
-                kind.delivery,
-                now + timedelta(seconds=spec.delay_seconds),
-                deadline,
-                kind.max_attempts,
-                kind.timeout_seconds,
-                spec.correlation_id or trace_id,
-                trace_id,
-                created_by,
-                now,
-                now,
+            _Row(
+                kind=kind.name,
+                version=kind.version,
+                queue=spec.queue or kind.queue,
+                input=encoded,
+                input_fingerprint=fingerprint,
+                idempotency_key=spec.idempotency_key,
+                priority=spec.priority,
+                delivery=kind.delivery,
+                scheduled_at=now + timedelta(seconds=spec.delay_seconds),
+                deadline_at=now + timedelta(seconds=kind.deadline_seconds) if kind.deadline_seconds else None,
+                max_attempts=kind.max_attempts,
+                timeout_seconds=kind.timeout_seconds,
+                correlation_id=spec.correlation_id or trace_id,
+                trace_id=trace_id,
+                created_by=created_by,
+                created_at=now,
+                updated_at=now,
             )
         )
-        prepared.append((kind, fingerprint))
 
-    results: list[EnqueueResult] = []
+    # Deadlock freedom. Inserting a key that a concurrent, uncommitted batch has just inserted
+    # waits for that batch's transaction (ON CONFLICT must know whether it commits). Two batches
+    # that hold some of each other's keys, taken in different orders, would each wait for the
+    # other: PostgreSQL aborts one with "deadlock detected" after deadlock_timeout. So every
+    # batch inserts its keyed rows in one global order, (kind, key): a batch only ever waits for
+    # one holding a smaller key, and no cycle can form. Results map back to the caller's order.
+    order = sorted(range(len(rows)), key=lambda index: _lock_order(rows[index]))
+    results: list[EnqueueResult | None] = [None] * len(rows)
     # One row, no audit record and no caller's transaction: the INSERT … ON CONFLICT is atomic
     # on its own, so autocommit saves the BEGIN/COMMIT round trips (on_commit then rings at once).
     lone_insert = len(rows) == 1 and not created_by and connection.get_autocommit()
     with nullcontext() if lone_insert else transaction.atomic(), connection.cursor() as cursor:
-        for start in range(0, len(rows), 500):
-            chunk = rows[start : start + 500]
+        for start in range(0, len(order), 500):
+            chunk = order[start : start + 500]
             cursor.execute(
                 f"INSERT INTO workers_job ({_INSERT_COLUMNS}) VALUES {', '.join([_ROW] * len(chunk))} "
                 "ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING "
                 "RETURNING trace_id, id",
-                [value for row in chunk for value in row],
+                [value for index in chunk for value in rows[index]],
             )
             # trace_id is fresh per row, so it maps RETURNING rows (which keep no order) back to specs.
             inserted = dict(cursor.fetchall())
-            for offset, row in enumerate(chunk):
-                kind, fingerprint = prepared[start + offset]
-                job_id = inserted.get(row[13])
+            for index in chunk:
+                row = rows[index]
+                job_id = inserted.get(row.trace_id)
                 if job_id is not None:
-                    results.append(EnqueueResult(job_id=job_id, created=True))
+                    results[index] = EnqueueResult(job_id=job_id, created=True)
                     continue
-                # Only a key conflict skips a row: compare inputs before handing back the earlier job.
-                key = row[5]
+                # Only a key conflict skips a row (and the conflicting row is committed, or ours:
+                # ON CONFLICT waited for its transaction): compare inputs before handing it back.
                 cursor.execute(
                     "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s",
-                    [kind.name, key],
+                    [row.kind, row.idempotency_key],
                 )
                 existing_id, existing_fingerprint = cursor.fetchone()
-                if existing_fingerprint != fingerprint:
+                if existing_fingerprint != row.input_fingerprint:
                     raise EnqueueError(
-                        f"idempotency key {key!r} was already used for a {kind.name} job (#{existing_id}) "
+                        f"idempotency key {row.idempotency_key!r} was already used for a {row.kind} job (#{existing_id}) "
                         "with different input; nothing was enqueued."
                     )
-                results.append(EnqueueResult(job_id=existing_id, created=False))
+                results[index] = EnqueueResult(job_id=existing_id, created=False)
+        done = [result for result in results if result is not None]
+        assert len(done) == len(rows)
         if created_by:
             record_audit(
                 actor=created_by,
                 action="enqueue",
                 target_type="job",
                 # One job: its id. A batch: the first id (target_id is a short column); all ids in details.
-                target_id=str(results[0].job_id) if results else "",
+                target_id=str(done[0].job_id),
                 details={
-                    "count": len(results),
+                    "count": len(done),
                     "kinds": sorted({s.kind for s in specs}),
-                    "job_ids": [r.job_id for r in results[:1000]],
+                    "job_ids": [r.job_id for r in done[:1000]],
                 },
             )
         to_ring: dict[str, list[tuple[int, int]]] = {}
-        for result, row in zip(results, rows, strict=True):
-            if result.created and row[8] <= now:
-                to_ring.setdefault(row[2], []).append((result.job_id, row[1]))
+        for result, row in zip(done, rows, strict=True):
+            if result.created and row.scheduled_at <= now:
+                to_ring.setdefault(row.queue, []).append((result.job_id, row.version))
         # The doorbell must ring only for committed jobs, or a worker could look before the row exists.
         transaction.on_commit(lambda: [doorbell.ring(queue, jobs) for queue, jobs in to_ring.items()])
-    return results
+    return done
 
 
 def enqueue(
@@ -253,10 +288,12 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
         record_audit(
             actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
         )
-        if previous == JobState.PARKED:
-            from reviews.services import withdraw_open_reviews
+        # Whatever the state: a job approved (so queued again) and cancelled before it ran
+        # would otherwise keep an open approval. The job row is locked first, then its
+        # reviews: the order every service that touches both keeps, so none can deadlock.
+        from reviews.services import withdraw_open_reviews
 
-            withdraw_open_reviews(job_id=job_id, actor=actor)
+        withdraw_open_reviews(job_id=job_id, actor=actor)
     return job
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from koala.redaction import redact_text
+from workers import kinds
 from workers.errors import Rejection
 from workers.models import FailureReason, JobState, Outcome, ParkReason
 from workers.services import budgets
@@ -106,7 +107,13 @@ SELECT """
 )
 
 _PAUSED = LIVE_PAUSE_SQL.format(queue="workers_job.queue", kind="workers_job.kind")
-_CLAIM_JOB_SQL = _CLAIM_SQL.format(where="id = %(job_id)s", queued=_QUEUED, paused=_PAUSED)
+# The claim by id filters on what this worker serves, exactly like claim_next: a doorbell can
+# reach any worker listening on the queue (during a rolling deploy, one without the job's
+# version), and a worker that claimed such a job could only hand it back as unservable,
+# pushing it back by a backoff while a capable worker sat idle.
+_CLAIM_JOB_SQL = _CLAIM_SQL.format(
+    where="id = %(job_id)s AND (kind || '@' || version) = ANY(%(served)s)", queued=_QUEUED, paused=_PAUSED
+)
 _CLAIM_NEXT_SQL = _CLAIM_SQL.format(
     where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
     queued="state = 'queued'",
@@ -161,15 +168,57 @@ def _claim(sql: str, params: dict[str, Any], *, gated: bool) -> Lease | None:
     return lease
 
 
-def claim_job(*, job_id: int, worker: str, lease_seconds: float, gated: bool = True) -> Lease | None:
-    """Claim one specific job (the one an RQ message named), if it is still queued, due and not paused.
+def claim_job(
+    *, job_id: int, worker: str, lease_seconds: float, served: Sequence[str] | None = None, gated: bool = True
+) -> Lease | None:
+    """Claim one specific job (the one an RQ message named), if it is still queued, due, not
+    paused, and of a "kind@version" in ``served`` (default: every pair this process registers).
 
-    A duplicate delivery finds it running or finished and gets None: a no-op.
+    A duplicate delivery finds it running or finished and gets None: a no-op. So does a
+    doorbell for a job this worker does not serve; ``misdelivered`` tells that case apart.
     """
+    pairs = [k.key for k in kinds.served()] if served is None else list(served)
     try:
-        return _claim(_CLAIM_JOB_SQL, {"job_id": job_id, "worker": worker, "lease": lease_seconds}, gated=gated)
+        return _claim(_CLAIM_JOB_SQL, {"job_id": job_id, "served": pairs, "worker": worker, "lease": lease_seconds}, gated=gated)
     except ClaimBlocked:
         return None
+
+
+@dataclass(frozen=True)
+class Misdelivery:
+    """A doorbell for a due job this worker does not serve, and who else listens on its queue."""
+
+    queue: str
+    version: int
+    capable: int  # live workers on the queue that serve the job's kind@version
+    incapable: int  # live workers on the queue that do not (this one included, when registered)
+
+
+def misdelivered(*, job_id: int, served: Sequence[str], live_seconds: float) -> Misdelivery | None:
+    """After claim_job got None: is ``job_id`` queued and due but of a pair not in ``served``?
+
+    Counts the live workers (a WorkerProcess row seen within ``live_seconds``, not stopped) on
+    the job's queue that do and do not serve it, so the caller can pass the doorbell on to a
+    capable worker a bounded number of times. None when the job is not queued and due (taken,
+    finished, scheduled later) or when this worker serves it (a pause or budget held it back).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT j.queue, j.version,
+                   count(w.name) FILTER (WHERE w.kinds ? (j.kind || '@' || j.version)),
+                   count(w.name) FILTER (WHERE NOT w.kinds ? (j.kind || '@' || j.version))
+            FROM workers_job j
+            LEFT JOIN workers_workerprocess w
+              ON w.stopped_at IS NULL AND w.last_seen_at > now() - make_interval(secs => %s) AND w.queues ? j.queue
+            WHERE j.id = %s AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND NOT (j.kind || '@' || j.version) = ANY(%s)
+            GROUP BY j.id
+            """,
+            [live_seconds, job_id, list(served)],
+        )
+        row = cursor.fetchone()
+    return Misdelivery(queue=row[0], version=row[1], capable=row[2], incapable=row[3]) if row else None
 
 
 def claim_next(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+import json
+
+from django.db import connection, transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
@@ -25,12 +26,23 @@ def needing_attention() -> QuerySet[Operation]:
     )
 
 
+# An operation may be settled by a person only while no attempt can act on it: its job parked
+# needing attention, or finished (a cancelled or failed job's open operation would otherwise
+# hold its budget reservation for ever). A queued or running job's attempt reconciles and
+# settles the operation itself; a person's resolution would race it (two settlements of the
+# same reservations, or "did not happen" recorded while the attempt sees it happen).
+_RESOLVABLE_JOB = (
+    "((j.state = 'parked' AND j.park_reason = 'needs_attention') OR j.state IN ('succeeded', 'failed', 'cancelled'))"
+)
+
+
 def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: str, external_id: str = "") -> Operation:
     """A person settles an uncertain operation.
 
     ``happened=True`` (with the provider's external id) records it as done: the re-run
     skips it. ``happened=False`` records that it did not take effect: the re-run sends it
-    again under the same key. Either way the parked job is queued again.
+    again under the same key. Either way the parked job is queued again. Refused (nothing
+    changed) unless the job is parked needing attention or has finished.
     """
     if not actor:
         raise SafetyError("a resolution needs the name of the person resolving it.")
@@ -39,29 +51,59 @@ def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: st
     if happened and not external_id.strip():
         raise SafetyError("say which external id proves it happened (the provider's id for it).")
     text = redact_text(note.strip(), limit=1000)
-    with transaction.atomic():
-        op = Operation.objects.select_for_update().filter(pk=operation_id).first()
-        if op is None:
+    proof = redact_text(external_id.strip(), limit=200) if happened else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Lock order: the job row first, then its operation, as the worker's ledger and every
+        # other writer of both do. Holding the job row means no requeue, claim or cancel can
+        # change its state until we commit, so the state the UPDATE below tests stays true.
+        cursor.execute(
+            "SELECT j.id, j.state, j.park_reason FROM workers_job j JOIN workers_operation o ON o.job_id = j.id "
+            "WHERE o.id = %s FOR UPDATE OF j",
+            [operation_id],
+        )
+        job_row = cursor.fetchone()
+        if job_row is None:
             raise SafetyError(f"operation {operation_id} does not exist.")
-        if op.state not in OPEN_STATES:
-            raise SafetyError(f"operation {operation_id} is {op.state}; only in-flight or uncertain operations need resolving.")
+        op = Operation.objects.select_for_update().get(pk=operation_id)
         held = op.reservations
+        # The conditional UPDATE decides (operation still open, job in a resolvable state).
+        cursor.execute(
+            "UPDATE workers_operation o SET state = %s, resolution = %s, "
+            "external_id = CASE WHEN %s THEN %s ELSE o.external_id END, "
+            "result = CASE WHEN %s THEN %s::jsonb ELSE o.result END, "
+            "cost_minor = CASE WHEN %s THEN o.estimate_minor ELSE o.cost_minor END, "
+            "reservations = '[]'::jsonb, error_message = %s, settled_at = now(), updated_at = now() "
+            "FROM workers_job j WHERE o.id = %s AND j.id = o.job_id AND o.state IN ('in_flight', 'uncertain') AND "
+            + _RESOLVABLE_JOB,
+            [
+                OperationState.RECONCILED if happened else OperationState.FAILED,
+                Resolution.MANUAL_HAPPENED if happened else Resolution.MANUAL_ABSENT,
+                happened,
+                proof,
+                happened,
+                json.dumps({"external_id": proof, "resolved_manually": True}),
+                happened,
+                redact_text(f"resolved by {actor}: {text}"),
+                operation_id,
+            ],
+        )
+        if cursor.rowcount != 1:
+            if op.state not in OPEN_STATES:
+                raise SafetyError(
+                    f"operation {operation_id} is {op.state}; only in-flight or uncertain operations need resolving."
+                )
+            _, job_state, park_reason = job_row
+            shown = f"{job_state} ({park_reason})" if park_reason else job_state
+            raise SafetyError(
+                f"job {op.job_id} is {shown}; an operation is resolved only while its job is parked needing attention "
+                "or has finished. A queued or running attempt reconciles it itself."
+            )
         if happened:
-            op.state = OperationState.RECONCILED
-            op.resolution = Resolution.MANUAL_HAPPENED
-            op.external_id = redact_text(external_id.strip(), limit=200)
-            op.result = {"external_id": op.external_id, "resolved_manually": True}
-            op.cost_minor = op.estimate_minor
             budgets.settle(reservations=held, actual_minor=op.estimate_minor)
         else:
-            op.state = OperationState.FAILED
-            op.resolution = Resolution.MANUAL_ABSENT
             budgets.release(reservations=held, refund_request=True)
-        op.reservations = []
-        op.error_message = redact_text(f"resolved by {actor}: {text}")
-        op.settled_at = timezone.now()
-        op.save()
         requeued = unpark_jobs(job_ids=[op.job_id], reason=ParkReason.NEEDS_ATTENTION)
+        op.refresh_from_db()
         record_audit(
             actor=actor,
             action="operation.resolve",
