@@ -90,8 +90,9 @@ class ListPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        # COUNT(*) over a LIMIT subquery: the same index range read as the page, bounded.
-        found = int(self.object_list[: COUNT_CAP + 1].count())
+        # COUNT(*) over a LIMIT subquery without the ORDER BY (any COUNT_CAP + 1 matches tell
+        # "more than"), so an index-only scan of the filter's index can answer it.
+        found = int(self.object_list.order_by()[: COUNT_CAP + 1].count())
         self.capped = found > COUNT_CAP
         return min(found, COUNT_CAP)
 

@@ -142,6 +142,13 @@ class Job(models.Model):
             ),
             # Matches the reaper: WHERE state='running' AND lease_expires_at < now()
             models.Index(fields=["lease_expires_at"], condition=Q(state=JobState.RUNNING), name="job_lease_expiry_idx"),
+            # Matches the reaper's deadline step: WHERE state='queued' AND deadline_at IS NOT NULL AND
+            # deadline_at <= now(). Without it that step read every queued row on every beat tick.
+            models.Index(
+                fields=["deadline_at"],
+                condition=Q(state=JobState.QUEUED, deadline_at__isnull=False),
+                name="job_queued_deadline_idx",
+            ),
             models.Index(fields=["park_reason", "parked_at"], condition=Q(state=JobState.PARKED), name="job_parked_idx"),
             # The console's job list: ORDER BY created_at DESC, id DESC LIMIT 50 under its filters
             # (console.jobs.filtered_jobs). Each ends in exactly that order, so a page is an index

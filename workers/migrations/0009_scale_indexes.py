@@ -3,6 +3,8 @@
 - The console's job list orders by created_at DESC, id DESC: every list index now ends in
   exactly that order (the old ones ended in created_at alone while the list ordered by id).
 - Search by trace, correlation or idempotency key is an exact match: one btree each.
+- The reaper's deadline step (queued jobs past their deadline) read every queued row: it
+  gets a partial index holding only queued jobs that have a deadline.
 - pause_live_idx was the same index as pause_one_live_per_scope's unique index.
 
 The new indexes are built before the old ones are dropped, so the list is never without one.
@@ -59,6 +61,14 @@ class Migration(migrations.Migration):
                 condition=models.Q(("idempotency_key__isnull", False)),
                 fields=["idempotency_key"],
                 name="job_idempotency_key_idx",
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("deadline_at__isnull", False), ("state", "queued")),
+                fields=["deadline_at"],
+                name="job_queued_deadline_idx",
             ),
         ),
         RemoveIndexConcurrently(model_name="job", name="job_state_created_idx"),
