@@ -92,7 +92,9 @@ class ListPaginator(Paginator):
     def count(self) -> int:
         # COUNT(*) over a LIMIT subquery without the ORDER BY (any COUNT_CAP + 1 matches tell
         # "more than"), so an index-only scan of the filter's index can answer it.
-        found = int(self.object_list.order_by()[: COUNT_CAP + 1].count())
+        jobs = self.object_list
+        assert isinstance(jobs, QuerySet)  # built from filtered_jobs()
+        found = jobs.order_by()[: COUNT_CAP + 1].count()
         self.capped = found > COUNT_CAP
         return min(found, COUNT_CAP)
 
