@@ -13,14 +13,16 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count, Max, Q, QuerySet
+from django.utils.functional import cached_property
 
 from koala.audit import record_audit
 from koala.redaction import redact_data, redact_text, sensitive_values
 from workers import kinds
 from workers.errors import EnqueueError, JobStateError
-from workers.models import Attempt, Job, JobState, Operation, Outcome
+from workers.models import Attempt, FailureReason, Job, JobState, Operation, Outcome, ParkReason
 from workers.services.jobs import cancel_job, requeue_job, retry_job
 
 LIST_FIELDS = (
@@ -70,9 +72,36 @@ class JobFilter:
         return {k: str(v) for k, v in self.__dict__.items() if v not in ("", None)}
 
 
+# Newest first, ties broken by id: exactly the order the list indexes end in (job_list_idx,
+# job_state_list_idx, job_kind_state_list_idx, job_queue_state_list_idx, job_failed_list_idx;
+# migration 0009), so a page under any of their filters reads 50 index entries, not the table.
+LIST_ORDER = ("-created_at", "-id")
+
+# The list counts its matches up to this many and says "more than" beyond: an exact count(*)
+# is O(matching rows) (120 ms for the 700k succeeded jobs of a 1M-job table), the only
+# per-page cost that would grow with the table. 200 pages of 50; narrow the filter for more.
+COUNT_CAP = 10_000
+
+
+class ListPaginator(Paginator):
+    """A Paginator whose count stops at COUNT_CAP (``capped`` says there are more)."""
+
+    capped = False
+
+    @cached_property
+    def count(self) -> int:
+        # COUNT(*) over a LIMIT subquery without the ORDER BY (any COUNT_CAP + 1 matches tell
+        # "more than"), so an index-only scan of the filter's index can answer it.
+        jobs = self.object_list
+        assert isinstance(jobs, QuerySet)  # built from filtered_jobs()
+        found = jobs.order_by()[: COUNT_CAP + 1].count()
+        self.capped = found > COUNT_CAP
+        return min(found, COUNT_CAP)
+
+
 def filtered_jobs(filters: JobFilter) -> QuerySet[Job]:
     """The list's query: newest first, only the listed columns, no joins (so no N+1)."""
-    jobs = Job.objects.only(*LIST_FIELDS).order_by("-id")
+    jobs = Job.objects.only(*LIST_FIELDS).order_by(*LIST_ORDER)
     if filters.state:
         jobs = jobs.filter(state=filters.state)
     if filters.kind:
@@ -80,12 +109,23 @@ def filtered_jobs(filters: JobFilter) -> QuerySet[Job]:
     if filters.queue:
         jobs = jobs.filter(queue=filters.queue)
     if filters.reason:
-        jobs = jobs.filter(Q(failure_reason=filters.reason) | Q(park_reason=filters.reason))
+        # A failure reason implies state 'failed' and a park reason state 'parked' (the
+        # job_failed_has_reason / job_parked_has_reason constraints), so naming the state
+        # selects the same rows and lets the state's index serve them instead of an OR.
+        if filters.reason in FailureReason.values:
+            jobs = jobs.filter(state=JobState.FAILED, failure_reason=filters.reason)
+        elif filters.reason in ParkReason.values:
+            jobs = jobs.filter(state=JobState.PARKED, park_reason=filters.reason)
+        else:
+            jobs = jobs.filter(Q(failure_reason=filters.reason) | Q(park_reason=filters.reason))
     if filters.created_after:
         jobs = jobs.filter(created_at__gte=filters.created_after)
     if filters.created_before:
         jobs = jobs.filter(created_at__lt=filters.created_before)
     if filters.search:
+        # Exact matches only (the page offers no prefix search): each arm is one btree look-up
+        # (job_idempotency_key_idx, job_trace_idx, job_correlation_idx, the primary key),
+        # combined by a BitmapOr.
         term = filters.search.strip()
         match = Q(idempotency_key=term) | Q(trace_id=term) | Q(correlation_id=term)
         if term.isdigit():

@@ -151,10 +151,30 @@ class Job(models.Model):
             ),
             # Matches the reaper: WHERE state='running' AND lease_expires_at < now()
             models.Index(fields=["lease_expires_at"], condition=Q(state=JobState.RUNNING), name="job_lease_expiry_idx"),
-            models.Index(fields=["state", "-created_at"], name="job_state_created_idx"),
+            # Matches the reaper's deadline step: WHERE state='queued' AND deadline_at IS NOT NULL AND
+            # deadline_at <= now(). Without it that step read every queued row on every beat tick.
+            models.Index(
+                fields=["deadline_at"],
+                condition=Q(state=JobState.QUEUED, deadline_at__isnull=False),
+                name="job_queued_deadline_idx",
+            ),
             models.Index(fields=["park_reason", "parked_at"], condition=Q(state=JobState.PARKED), name="job_parked_idx"),
-            models.Index(fields=["kind", "state", "-created_at"], name="job_kind_state_created_idx"),
-            models.Index(fields=["queue", "state", "-created_at"], name="job_queue_state_created_idx"),
+            # The console's job list: ORDER BY created_at DESC, id DESC LIMIT 50 under its filters
+            # (console.jobs.filtered_jobs). Each ends in exactly that order, so a page is an index
+            # range read of 50 entries whatever the table's size (migration 0009).
+            models.Index(fields=["-created_at", "-id"], name="job_list_idx"),
+            models.Index(fields=["state", "-created_at", "-id"], name="job_state_list_idx"),
+            models.Index(fields=["kind", "state", "-created_at", "-id"], name="job_kind_state_list_idx"),
+            models.Index(fields=["queue", "state", "-created_at", "-id"], name="job_queue_state_list_idx"),
+            # The list's failure-reason filter (a failure reason implies state 'failed'); small.
+            models.Index(
+                fields=["failure_reason", "-created_at", "-id"], condition=Q(state=JobState.FAILED), name="job_failed_list_idx"
+            ),
+            # The console's search: exact match on a trace, correlation or idempotency key
+            # (the unique (kind, idempotency_key) index cannot serve a key without its kind).
+            models.Index(fields=["trace_id"], name="job_trace_idx"),
+            models.Index(fields=["correlation_id"], name="job_correlation_idx"),
+            models.Index(fields=["idempotency_key"], condition=Q(idempotency_key__isnull=False), name="job_idempotency_key_idx"),
             # The dashboard's completions/error rate and hourly charts: WHERE finished_at >= now() - 1 day.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="job_finished_idx"),
         ]
@@ -488,7 +508,8 @@ class Pause(models.Model):
                 fields=["scope", "target"], condition=Q(lifted_at__isnull=True), name="pause_one_live_per_scope"
             ),
         ]
-        indexes = [models.Index(fields=["scope", "target"], condition=Q(lifted_at__isnull=True), name="pause_live_idx")]
+        # No separate live-pause index: pause_one_live_per_scope's unique index is that same
+        # (scope, target) WHERE lifted_at IS NULL index (pause_live_idx duplicated it; dropped in 0009).
         ordering = ["-created_at"]
 
     def __str__(self) -> str:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import datetime as dt
 
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.urls import reverse
 from django.utils import timezone
@@ -12,6 +11,7 @@ from console.forms import BulkActionForm, JobActionForm, JobFilterForm, kind_nam
 from console.jobs import (
     BULK_LIMIT,
     JobFilter,
+    ListPaginator,
     bulk_job_action,
     failure_groups,
     filtered_jobs,
@@ -46,7 +46,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         jobs = filtered_jobs(filters)
     except JobStateError:
         filters, jobs = JobFilter(), Job.objects.none()  # an invalid filter lists nothing; the form says why
-    paginator = Paginator(jobs, PAGE_SIZE)
+    paginator = ListPaginator(jobs, PAGE_SIZE)
     jobs_page = paginator.get_page(request.GET.get("page"))
     record_list_read(actor=actor(request), filters=filters, page=jobs_page.number)
     return render_console(

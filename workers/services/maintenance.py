@@ -22,6 +22,37 @@ _NOT_PAUSED = (
 )
 
 
+# The queues with queued jobs, then each queue's first due jobs in claim order.
+#
+# Planner note. ``SELECT DISTINCT queue FROM workers_job WHERE state = 'queued'`` reads every
+# queued row (an index-only scan of all of job_claim_idx: 76 ms with 200k queued jobs, on every
+# beat tick). PostgreSQL 15 has no skip scan, so the recursive CTE does one by hand (a "loose
+# index scan"): each step asks job_claim_idx, whose leading column is queue, for the first
+# queue after the previous one, one index descent per queue: O(queues * log rows).
+# The due check stays in the LATERAL, exactly where it was: a queue whose jobs are all
+# delayed yields no row there, as it yielded none from the DISTINCT before.
+_DISPATCH_SQL = (
+    """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.state = 'queued' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, d.id, d.version
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT id, version FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now() AND """
+    + _NOT_PAUSED
+    + """
+    ORDER BY priority DESC, scheduled_at, id LIMIT %s
+) d
+WHERE q.queue IS NOT NULL
+"""
+)
+
+
 @dataclass(frozen=True)
 class ReapReport:
     orphaned: int
@@ -119,21 +150,7 @@ def dispatch(*, depth: int | None = None) -> int:
     """
     limit = settings.KOALA_DOORBELL_DEPTH if depth is None else depth
     with connection.cursor() as cursor:
-        # LATERAL keeps each queue's lookup on the claim index; no full scan of queued rows.
-        cursor.execute(
-            """
-            SELECT q.queue, d.id, d.version
-            FROM (SELECT DISTINCT queue FROM workers_job WHERE state = 'queued' AND scheduled_at <= now()) q
-            CROSS JOIN LATERAL (
-                SELECT id, version FROM workers_job
-                WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now() AND """
-            + _NOT_PAUSED
-            + """
-                ORDER BY priority DESC, scheduled_at, id LIMIT %s
-            ) d
-            """,
-            [limit],
-        )
+        cursor.execute(_DISPATCH_SQL, [limit])
         rows = cursor.fetchall()
     by_queue: dict[str, list[tuple[int, int]]] = {}
     for queue, job_id, version in rows:

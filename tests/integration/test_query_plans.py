@@ -1,0 +1,202 @@
+"""The hot and per-page queries are served by the index meant for them (issue 9, scenario 7).
+
+No timing: the real services' statements are captured as they run (or taken from the real
+queryset) on a modestly seeded table, ANALYZEd, and EXPLAINed (FORMAT JSON) with the planner's
+default settings (no enable_seqscan=off). The assertions are on plan node names, so dropping
+or changing an index, or writing a query the index no longer matches, fails here long before
+a table grows large enough for anyone to notice the latency (bench/scale.py measures that).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from console.jobs import JobFilter, filtered_jobs
+from workers.services import budgets, leases, maintenance
+
+pytestmark = pytest.mark.django_db
+
+JOBS = 20_000
+KINDS = ["email.send", "model.complete", "incr", "shop.order_and_charge", "noop", "export.csv"]
+QUEUES = ["default", "default", "bulk", "critical", "default", "exports"]
+LIST_INDEXES = {
+    "job_list_idx",
+    "job_state_list_idx",
+    "job_kind_state_list_idx",
+    "job_queue_state_list_idx",
+    "job_failed_list_idx",
+}
+
+
+@pytest.fixture
+def seeded() -> None:
+    """20k jobs: the newest third queued or running across four queues, the rest finished;
+    every job has a trace and correlation id, half an idempotency key; a few budget-parked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO workers_job (kind, version, queue, input, input_fingerprint, idempotency_key, state, priority,
+                delivery, scheduled_at, attempts, max_attempts, timeout_seconds, lease_token, lease_holder,
+                lease_expires_at, progress, run_state, usage, failure_reason, error_class, error_message, park_reason,
+                park_detail, parked_on, parked_at, correlation_id, trace_id, created_by, created_at, updated_at, finished_at)
+            SELECT (%(kinds)s::text[])[1 + i %% 6], 1, (%(queues)s::text[])[1 + i %% 6], '{}', md5(i::text),
+                   CASE WHEN i %% 2 = 0 THEN 'key-' || i END, s.state, 0, 'at_least_once',
+                   now() - make_interval(secs => %(n)s - i), CASE WHEN s.state IN ('queued', 'parked') THEN 0 ELSE 1 END,
+                   3, 30, 1, CASE WHEN s.state = 'running' THEN 'w' END,
+                   CASE WHEN s.state = 'running' THEN now() + interval '1 hour' END, '{}', '{}', '{}',
+                   CASE WHEN s.state = 'failed' THEN (ARRAY['fatal', 'terminal', 'attempts_exhausted'])[1 + i %% 3] END,
+                   '', '', CASE WHEN s.state = 'parked' THEN 'budget' END, '', '{}',
+                   CASE WHEN s.state = 'parked' THEN now() END,
+                   CASE WHEN i %% 10 < 7 THEN md5(i::text) ELSE 'corr-' || (i / 10) END, md5(i::text), 'test',
+                   now() - make_interval(secs => %(n)s - i), now(),
+                   CASE WHEN s.state IN ('succeeded', 'failed') THEN now() - make_interval(secs => %(n)s - i) END
+            FROM generate_series(1, %(n)s) AS i,
+                 LATERAL (SELECT CASE WHEN i > %(n)s * 2 / 3 AND i %% 10 < 8 THEN 'queued'
+                                      WHEN i > %(n)s * 2 / 3 AND i %% 10 = 8 THEN 'running'
+                                      WHEN i > %(n)s * 2 / 3 AND i %% 50 = 9 THEN 'parked'
+                                      WHEN i %% 20 = 0 THEN 'failed' ELSE 'succeeded' END AS state) AS s
+            """,
+            {"n": JOBS, "kinds": KINDS, "queues": QUEUES},
+        )
+        cursor.execute(
+            "INSERT INTO workers_attempt (job_id, number, worker_id, lease_token, started_at, finished_at, outcome, "
+            "error_class, error_message, usage) SELECT id, 1, 'w', 1, created_at, finished_at, "
+            "CASE WHEN state = 'running' THEN NULL ELSE state END, '', '', '{}' FROM workers_job WHERE attempts > 0"
+        )
+        cursor.execute("ANALYZE workers_job")
+        cursor.execute("ANALYZE workers_attempt")
+
+
+def plan(sql: str, params: Any = None) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        (raw,) = cursor.fetchone()
+    document = json.loads(raw) if isinstance(raw, str) else raw
+    return document[0]["Plan"]
+
+
+def nodes(root: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield root
+    for child in root.get("Plans", []):
+        yield from nodes(child)
+
+
+def job_scans(root: dict[str, Any]) -> list[tuple[str, str]]:
+    """(node type, index name) of every node reading workers_job or one of its indexes."""
+    return [
+        (node["Node Type"], node.get("Index Name", ""))
+        for node in nodes(root)
+        if "Scan" in node["Node Type"]
+        and (node.get("Relation Name") == "workers_job" or str(node.get("Index Name", "")).startswith(("job_", "workers_job")))
+    ]
+
+
+@contextmanager
+def captured() -> Iterator[list[tuple[str, Any]]]:
+    """The statements a real service runs, with their parameters."""
+    statements: list[tuple[str, Any]] = []
+
+    def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield statements
+
+
+def test_dispatcher_walks_the_queues_on_the_claim_index_instead_of_every_queued_row(seeded: None) -> None:
+    with captured() as statements:
+        maintenance.dispatch()
+    (sql, params) = next((s, p) for s, p in statements if "workers_job" in s)
+    root = plan(sql, params)
+    types = [n["Node Type"] for n in nodes(root)]
+    scans = job_scans(root)
+    # The loose index scan: one descent of job_claim_idx per queue, never a pass over all of it.
+    assert "Recursive Union" in types, types
+    assert not {"Unique", "Aggregate", "Sort", "Gather", "Gather Merge"} & set(types), types
+    assert scans and all(index == "job_claim_idx" and kind.startswith("Index") for kind, index in scans), scans
+
+
+LIST_FILTERS = [
+    JobFilter(),
+    JobFilter(state="queued"),
+    JobFilter(state="failed"),
+    JobFilter(kind="shop.order_and_charge", state="succeeded"),
+    JobFilter(queue="bulk", state="queued"),
+    JobFilter(kind="email.send", queue="default", state="queued"),
+    JobFilter(reason="terminal"),
+]
+
+
+def test_a_job_list_page_is_an_ordered_read_of_a_list_index(seeded: None) -> None:
+    for filters in LIST_FILTERS:
+        sql, params = filtered_jobs(filters)[:50].query.sql_with_params()
+        root = plan(sql, params)
+        types = [n["Node Type"] for n in nodes(root)]
+        scans = job_scans(root)
+        # The index hands rows over in the list's ORDER BY: no sort, no scan of the table.
+        assert "Sort" not in types and "Incremental Sort" not in types, (filters, types)
+        assert len(scans) == 1 and scans[0][0] in ("Index Scan", "Index Only Scan"), (filters, scans)
+        assert scans[0][1] in LIST_INDEXES, (filters, scans)
+
+
+def test_the_job_lists_count_is_bounded_and_index_only(seeded: None) -> None:
+    from console.jobs import COUNT_CAP
+
+    sql, params = filtered_jobs(JobFilter(state="succeeded")).order_by()[: COUNT_CAP + 1].query.sql_with_params()
+    root = plan(f"SELECT count(*) FROM ({sql}) t", params)
+    # Whatever reads the rows stops after COUNT_CAP + 1 of them.
+    assert root["Node Type"] == "Aggregate" and root["Plans"][0]["Node Type"] == "Limit", root
+
+
+def test_search_is_an_exact_match_on_one_btree_per_column(seeded: None) -> None:
+    for field in ("trace_id", "correlation_id", "idempotency_key", "id"):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {field} FROM workers_job WHERE idempotency_key IS NOT NULL ORDER BY id DESC LIMIT 1")
+            (term,) = cursor.fetchone()
+        sql, params = filtered_jobs(JobFilter(search=str(term)))[:50].query.sql_with_params()
+        scans = job_scans(plan(sql, params))
+        indexes = {index for kind, index in scans if kind == "Bitmap Index Scan"}
+        expected = {"job_trace_idx", "job_correlation_idx", "job_idempotency_key_idx"}
+        if field == "id":
+            expected.add("workers_job_pkey")
+        assert indexes == expected, (field, scans)
+        assert all(kind != "Seq Scan" for kind, _ in scans), (field, scans)
+
+
+def test_the_beats_statements_read_only_their_partial_indexes(seeded: None) -> None:
+    with captured() as statements:
+        maintenance.reap()
+        budgets.unpark_ready()
+    expected = {
+        "SET outcome = 'orphaned'": {"job_lease_expiry_idx"},
+        "SET state = 'queued', scheduled_at": {"job_lease_expiry_idx"},
+        "failure_reason = 'orphaned'": {"job_lease_expiry_idx"},
+        "failure_reason = 'deadline_exceeded'": {"job_queued_deadline_idx"},
+        "park_reason": {"job_parked_idx"},
+    }
+    seen = {}
+    for sql, params in statements:
+        for marker, indexes in expected.items():
+            if marker in sql and "workers_job" in sql:
+                scans = job_scans(plan(sql, params))
+                assert {index for _, index in scans} == indexes, (marker, scans)
+                seen[marker] = scans
+    assert set(seen) == set(expected), statements
+
+
+def test_the_claim_reads_the_head_of_its_queue_on_the_claim_index(seeded: None) -> None:
+    served = [f"{kind}@1" for kind in KINDS]
+    with captured() as statements:
+        lease = leases.claim_next(queue="default", served=served, worker="w-plan", lease_seconds=30, gated=False)
+    assert lease is not None
+    sql, params = next((s, p) for s, p in statements if "FOR UPDATE SKIP LOCKED" in s)
+    scans = job_scans(plan(sql, params))
+    assert ("Index Scan", "job_claim_idx") in scans, scans
+    assert all(kind != "Seq Scan" and not kind.startswith("Bitmap") for kind, _ in scans), scans
