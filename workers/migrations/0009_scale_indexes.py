@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("workers", "0004_worker_recent_starts"),
+        ("workers", "0008_worker_exits"),
     ]
 
     operations = [
