@@ -22,6 +22,7 @@ def enqueue_keys(keys: list[str]) -> list[tuple[str, int]]:
     return [(key, result.job_id) for key, result in zip(keys, results, strict=True)]
 
 
+@pytest.mark.slow  # eight spawned processes, about 15 s
 def test_overlapping_batches_in_any_order_all_succeed_with_one_job_per_key(redis_clean: None) -> None:
     rng = random.Random(9)
     # Each round: 12 keys; each racer takes 9 of them (so every pair overlaps) in its own order.
