@@ -25,6 +25,10 @@ def provider(tmp_path: Path, settings) -> Iterator[FakeProvider]:  # type: ignor
     settings.KOALA_MODELS_API_KEY = PROVIDER_API_KEY
     settings.KOALA_PAYMENTS_TIMEOUT_SECONDS = 2.0
     settings.KOALA_MODELS_TIMEOUT_SECONDS = 2.0
+    # The fake records an effect before it answers, so its lookups are consistent at once
+    # (a processing window of 0); tests of its "processing" fault declare their own window.
+    settings.KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS = 0.0
+    settings.KOALA_MODELS_PROCESSING_WINDOW_SECONDS = 0.0
     try:
         yield fake
     finally:
@@ -56,6 +60,9 @@ def effects_env(provider: FakeProvider | None = None, smtp: SmtpSink | None = No
             "KOALA_PAYMENTS_API_KEY": PROVIDER_API_KEY,
             "KOALA_MODELS_URL": provider.url,
             "KOALA_MODELS_API_KEY": PROVIDER_API_KEY,
+            # See the provider fixture: the fake's lookups are consistent at once.
+            "KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS": "0",
+            "KOALA_MODELS_PROCESSING_WINDOW_SECONDS": "0",
         }
     if smtp is not None:
         values |= {"EMAIL_HOST": smtp.host, "EMAIL_PORT": str(smtp.port), "EMAIL_TIMEOUT": "10"}

@@ -176,9 +176,11 @@ def test_the_beats_statements_read_only_their_partial_indexes(seeded: None) -> N
         budgets.unpark_ready()
     expected = {
         "SET outcome = 'orphaned'": {"job_lease_expiry_idx"},
-        "SET state = 'queued', scheduled_at": {"job_lease_expiry_idx"},
-        "failure_reason = 'orphaned'": {"job_lease_expiry_idx"},
-        "failure_reason = 'deadline_exceeded'": {"job_queued_deadline_idx"},
+        # The reaper picks its rows FOR NO KEY UPDATE SKIP LOCKED on the partial index, then
+        # updates each by primary key (a locked row is skipped, never waited for).
+        "SET state = 'queued', scheduled_at": {"job_lease_expiry_idx", "workers_job_pkey"},
+        "failure_reason = 'orphaned'": {"job_lease_expiry_idx", "workers_job_pkey"},
+        "failure_reason = 'deadline_exceeded'": {"job_queued_deadline_idx", "workers_job_pkey"},
         "park_reason": {"job_parked_idx"},
     }
     seen = {}
