@@ -18,18 +18,17 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Min, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from console.charts import BarChart, bar_chart
+from console.jobs import COUNT_CAP
 from reviews.models import ReviewRequest, ReviewState
 from workers.models import (
     ABNORMAL_EXITS,
     Attempt,
     Budget,
     BudgetUsage,
-    Job,
-    JobState,
     Operation,
     Scope,
     WorkerExit,
@@ -60,6 +59,9 @@ class QueueStats:
     wait_p95: float | None = None
     run_p50: float | None = None
     run_p95: float | None = None
+    wait_n: int = 0  # attempts in the wait percentiles' sample (the newest SAMPLE of the window)
+    run_n: int = 0
+    capped: set[str] = field(default_factory=set)  # counts that stopped at COUNT_CAP ("10,000+")
     now: dt.datetime = field(default_factory=timezone.now)
 
     @property
@@ -116,12 +118,83 @@ class Dashboard:
     pending_reviews: int
     overshoots: list[Operation] = field(default_factory=list)
 
+    @property
+    def sample_label(self) -> str:
+        return f"{SAMPLE:,}"  # the percentiles' sample size, said on the page
+
+    @property
+    def count_cap_label(self) -> str:
+        return f"{COUNT_CAP:,}"
+
 
 def _queue_names(extra: Iterable[str]) -> list[str]:
     # Configured queues always show (an empty queue is information too), then any other seen.
     names = list(settings.RQ_QUEUES)
     names += sorted(set(extra) - set(names))
     return names
+
+
+# Every figure below is one bounded index read, whatever the table holds (issue 9, scenario 7):
+# the queue list is a loose index scan (one descent per queue), each live count stops at
+# COUNT_CAP (the page then says "10,000+", as the job list does), the oldest due job is the
+# first entry of its queue's range, and the percentiles are over the newest SAMPLE attempts.
+SAMPLE = 2_000
+
+# The queues that hold any job, walked on job_queue_state_list_idx (queue leading) one queue
+# at a time, as the dispatcher's _DISPATCH_SQL does, instead of a DISTINCT over the table.
+_QUEUES_CTE = """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+"""
+
+# Per queue: capped counts, each a range of job_queued_due_idx (queued) or
+# job_queue_state_list_idx (running, parked) of at most cap entries; the oldest due job is
+# the first entry at or before now of job_queued_due_idx.
+_LIVE_SQL = (
+    _QUEUES_CTE
+    + """
+SELECT q.queue,
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = q.queue LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job
+        WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'running' AND queue = q.queue LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'parked' AND queue = q.queue LIMIT %(cap)s) t),
+    o.id, o.scheduled_at
+FROM queues q
+LEFT JOIN LATERAL (
+    SELECT id, scheduled_at FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
+    ORDER BY scheduled_at, id LIMIT 1
+) o ON true
+WHERE q.queue IS NOT NULL
+"""
+)
+
+# The oldest due job of each queue with queued jobs (the worker-health check's "due work").
+_OLDEST_DUE_SQL = """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.state = 'queued' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, o.scheduled_at
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT scheduled_at FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
+    ORDER BY scheduled_at, id LIMIT 1
+) o
+WHERE q.queue IS NOT NULL
+"""
+
+
+def _capped(value: int) -> tuple[int, bool]:
+    return (COUNT_CAP, True) if value > COUNT_CAP else (value, False)
 
 
 def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
@@ -132,77 +205,88 @@ def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
         entry.queue = queue
         return entry
 
-    due = Q(state=JobState.QUEUED, scheduled_at__lte=now)
-    current = (
-        Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.PARKED])
-        .values("queue")
-        .annotate(
-            depth=Count("id", filter=Q(state=JobState.QUEUED)),
-            due=Count("id", filter=due),
-            oldest_due_at=Min("scheduled_at", filter=due),
-            running=Count("id", filter=Q(state=JobState.RUNNING)),
-            parked=Count("id", filter=Q(state=JobState.PARKED)),
-        )
-    )
-    for values in current:
-        entry = row(values["queue"])
-        entry.depth, entry.due, entry.oldest_due_at = values["depth"], values["due"], values["oldest_due_at"]
-        entry.running, entry.parked = values["running"], values["parked"]
-
-    # The oldest due job of each queue by id, so the page links to the very row it measures.
-    oldest = Job.objects.filter(due).order_by("queue", "scheduled_at", "id").distinct("queue").values_list("queue", "id")
-    for queue, job_id in oldest:
-        row(queue).oldest_due_id = job_id
-
-    finished = (
-        Job.objects.filter(finished_at__gte=now - DAY, finished_at__lte=now)
-        .values("queue")
-        .annotate(
-            succeeded_24h=Count("id", filter=Q(state=JobState.SUCCEEDED)),
-            failed_24h=Count("id", filter=Q(state=JobState.FAILED)),
-            succeeded_1h=Count("id", filter=Q(state=JobState.SUCCEEDED, finished_at__gte=now - HOUR)),
-            failed_1h=Count("id", filter=Q(state=JobState.FAILED, finished_at__gte=now - HOUR)),
-        )
-    )
-    for counts in finished:
-        entry = row(counts["queue"])
-        entry.succeeded_24h, entry.failed_24h = counts["succeeded_24h"], counts["failed_24h"]
-        entry.succeeded_1h, entry.failed_1h = counts["succeeded_1h"], counts["failed_1h"]
-
     with connection.cursor() as cursor:
+        cursor.execute(_LIVE_SQL, {"cap": COUNT_CAP + 1, "now": now})
+        for queue, depth, due, running, parked, oldest_id, oldest_at in cursor.fetchall():
+            if not (depth or running or parked):
+                continue  # a queue that only holds old finished jobs shows if its 24 h does
+            entry = row(queue)
+            for name, value in (("depth", depth), ("due", due), ("running", running), ("parked", parked)):
+                shown, capped = _capped(value)
+                setattr(entry, name, shown)
+                if capped:
+                    entry.capped.add(name)
+            # The oldest due job by id, so the page links to the very row it measures.
+            entry.oldest_due_id, entry.oldest_due_at = oldest_id, oldest_at
+
+        # Index-only on job_finished_cover_idx: the window's entries carry state and queue.
+        cursor.execute(
+            """
+            SELECT queue,
+                   count(*) FILTER (WHERE state = 'succeeded'),
+                   count(*) FILTER (WHERE state = 'failed'),
+                   count(*) FILTER (WHERE state = 'succeeded' AND finished_at >= %(hour)s),
+                   count(*) FILTER (WHERE state = 'failed' AND finished_at >= %(hour)s)
+            FROM workers_job WHERE finished_at >= %(day)s AND finished_at <= %(now)s
+            GROUP BY queue
+            """,
+            {"day": now - DAY, "hour": now - HOUR, "now": now},
+        )
+        for queue, succeeded_24h, failed_24h, succeeded_1h, failed_1h in cursor.fetchall():
+            entry = row(queue)
+            entry.succeeded_24h, entry.failed_24h = succeeded_24h, failed_24h
+            entry.succeeded_1h, entry.failed_1h = succeeded_1h, failed_1h
+
         # Queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
-        # start of its latest attempt (the one holding the job's current lease token). Run time:
-        # every attempt that finished in the window, except unservable/parked hand-backs that ran nothing.
+        # start of its latest attempt (the one holding the job's current lease token), over the
+        # newest SAMPLE attempts started in the window (attempt_started_idx, backwards).
         cursor.execute(
             """
             SELECT j.queue,
                    percentile_cont(0.5) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0))
-            FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
-            WHERE a.started_at >= %s AND a.started_at <= %s AND a.lease_token = j.lease_token AND j.state <> 'queued'
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
+                   count(*)
+            FROM (
+                SELECT job_id, lease_token, started_at FROM workers_attempt
+                WHERE started_at >= %s AND started_at <= %s ORDER BY started_at DESC LIMIT %s
+            ) a JOIN workers_job j ON j.id = a.job_id
+            WHERE a.lease_token = j.lease_token AND j.state <> 'queued'
             GROUP BY j.queue
             """,
-            [now - DAY, now],
+            [now - DAY, now, SAMPLE],
         )
-        for queue, p50, p95 in cursor.fetchall():
+        for queue, p50, p95, n in cursor.fetchall():
             entry = row(queue)
-            entry.wait_p50, entry.wait_p95 = p50, p95
+            entry.wait_p50, entry.wait_p95, entry.wait_n = p50, p95, n
+        # Run time: the newest SAMPLE attempts that finished in the window (attempt_finished_idx,
+        # backwards), except unservable/parked hand-backs that ran nothing.
         cursor.execute(
             """
             SELECT j.queue,
                    percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at))
-            FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
-            WHERE a.finished_at >= %s AND a.finished_at <= %s AND a.outcome NOT IN ('unservable', 'parked')
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
+                   count(*)
+            FROM (
+                SELECT job_id, started_at, finished_at FROM workers_attempt
+                WHERE finished_at >= %s AND finished_at <= %s AND outcome NOT IN ('unservable', 'parked')
+                ORDER BY finished_at DESC LIMIT %s
+            ) a JOIN workers_job j ON j.id = a.job_id
             GROUP BY j.queue
             """,
-            [now - DAY, now],
+            [now - DAY, now, SAMPLE],
         )
-        for queue, p50, p95 in cursor.fetchall():
+        for queue, p50, p95, n in cursor.fetchall():
             entry = row(queue)
-            entry.run_p50, entry.run_p95 = p50, p95
+            entry.run_p50, entry.run_p95, entry.run_n = p50, p95, n
 
     return [stats[name] if name in stats else QueueStats(queue=name, now=now) for name in _queue_names(stats)]
+
+
+def oldest_due(*, now: dt.datetime) -> dict[str, dt.datetime]:
+    """The scheduled_at of each queue's oldest due job: one probe of job_queued_due_idx per queue."""
+    with connection.cursor() as cursor:
+        cursor.execute(_OLDEST_DUE_SQL, {"now": now})
+        return dict(cursor.fetchall())
 
 
 def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
@@ -247,14 +331,25 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
             "worker_id", "job_id", "started_at"
         )
     }
-    # DISTINCT ON: the newest finished attempt of each worker, in one query.
+    # The newest finished attempt of each worker: one descent of attempt_worker_finished_idx
+    # (worker_id, finished_at DESC) per worker, not a DISTINCT ON over the day's attempts.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT a.id FROM unnest(%s::text[]) AS w(name)
+            CROSS JOIN LATERAL (
+                SELECT id FROM workers_attempt
+                WHERE worker_id = w.name AND finished_at >= %s ORDER BY finished_at DESC LIMIT 1
+            ) a
+            """,
+            [names, now - DAY],
+        )
+        last_ids = [attempt_id for (attempt_id,) in cursor.fetchall()]
     last_done = {
         a.worker_id: a
-        for a in Attempt.objects.filter(worker_id__in=names, finished_at__isnull=False, finished_at__gte=now - DAY)
+        for a in Attempt.objects.filter(id__in=last_ids)
         .select_related("job")
         .only("worker_id", "finished_at", "started_at", "outcome", "job__id", "job__kind")
-        .order_by("worker_id", "-finished_at")
-        .distinct("worker_id")
     }
     last_op = {
         op.attempt.worker_id: op  # type: ignore[union-attr]  # filtered on attempt__worker_id: never None
@@ -264,9 +359,8 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
         .order_by("attempt__worker_id", "-settled_at")
         .distinct("attempt__worker_id")
     }
-    due_queues = set(
-        Job.objects.filter(state=JobState.QUEUED, scheduled_at__lte=now - stuck_after).values_list("queue", flat=True).distinct()
-    )
+    # Queues whose oldest due job has waited longer than stuck_after (one probe per queue).
+    due_queues = {queue for queue, due_at in oldest_due(now=now).items() if due_at <= now - stuck_after}
     # Work held back by a pause is not a stuck worker's fault.
     pauses = active_pauses()
     if any(p.scope == Scope.GLOBAL for p in pauses):
