@@ -151,9 +151,9 @@ WITH RECURSIVE queues(queue) AS (
 )
 """
 
-# Per queue: capped counts, each a range of job_queued_due_idx (queued) or
-# job_queue_state_list_idx (running, parked) of at most cap entries; the oldest due job is
-# the first entry at or before now of job_queued_due_idx.
+# Per queue: capped counts, each a range of at most cap entries of job_queue_state_list_idx
+# (depth, running, parked: queue and state lead it) or job_queued_due_idx (due: queue, then
+# scheduled_at <= now); the oldest due job is the first entry of that same range.
 _LIVE_SQL = (
     _QUEUES_CTE
     + """
@@ -351,13 +351,27 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
         .select_related("job")
         .only("worker_id", "finished_at", "started_at", "outcome", "job__id", "job__kind")
     }
+    # The newest settled operation of each worker: per worker (LATERAL, top 1) over its
+    # attempts (attempt_worker_finished_idx) and their operations (the attempt_id index), not a
+    # DISTINCT ON sorting every worker's operations of the day together.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT o.id FROM unnest(%s::text[]) AS w(name)
+            CROSS JOIN LATERAL (
+                SELECT op.id FROM workers_attempt a JOIN workers_operation op ON op.attempt_id = a.id
+                WHERE a.worker_id = w.name AND op.settled_at >= %s
+                ORDER BY op.settled_at DESC LIMIT 1
+            ) o
+            """,
+            [names, now - DAY],
+        )
+        op_ids = [op_id for (op_id,) in cursor.fetchall()]
     last_op = {
-        op.attempt.worker_id: op  # type: ignore[union-attr]  # filtered on attempt__worker_id: never None
-        for op in Operation.objects.filter(attempt__worker_id__in=names, settled_at__isnull=False, settled_at__gte=now - DAY)
+        op.attempt.worker_id: op  # type: ignore[union-attr]  # joined on the attempt: never None
+        for op in Operation.objects.filter(id__in=op_ids)
         .select_related("attempt")
         .only("id", "name", "kind", "state", "settled_at", "job_id", "attempt__worker_id")
-        .order_by("attempt__worker_id", "-settled_at")
-        .distinct("attempt__worker_id")
     }
     # Queues whose oldest due job has waited longer than stuck_after (one probe per queue).
     due_queues = {queue for queue, due_at in oldest_due(now=now).items() if due_at <= now - stuck_after}

@@ -185,8 +185,15 @@ class Job(models.Model):
                 name="job_finished_cover_idx",
             ),
             # The dashboard's per-queue backlog: the oldest due job (the first entry at or before
-            # now) and the capped due/depth counts, each a range of one queue's entries (0010).
-            models.Index(fields=["queue", "scheduled_at", "id"], condition=Q(state=JobState.QUEUED), name="job_queued_due_idx"),
+            # now) and the capped due count, each a range of one queue's entries (0010). The
+            # predicate also says scheduled_at IS NOT NULL (always true, the column is NOT NULL):
+            # the planner then offers this index only to statements that bound scheduled_at, so
+            # the dispatcher's queue walk and the claim keep job_claim_idx.
+            models.Index(
+                fields=["queue", "scheduled_at", "id"],
+                condition=Q(state=JobState.QUEUED, scheduled_at__isnull=False),
+                name="job_queued_due_idx",
+            ),
         ]
 
     def __str__(self) -> str:
