@@ -197,7 +197,27 @@ def _capped(value: int) -> tuple[int, bool]:
     return (COUNT_CAP, True) if value > COUNT_CAP else (value, False)
 
 
-def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
+FinishedRows = list[tuple[str, dt.datetime, bool, int, int]]
+
+
+def finished_jobs(*, now: dt.datetime) -> FinishedRows:
+    """Jobs finished in the last 24 h as (queue, hour, within the last hour, succeeded, failed):
+    one index-only read of the window on job_finished_cover_idx (its entries carry state and
+    queue) that serves both the per-queue completions and the hourly charts."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT queue, date_trunc('hour', finished_at) AS hour, finished_at >= %(hour)s AS last_hour,
+                   count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'failed')
+            FROM workers_job WHERE finished_at >= %(day)s AND finished_at <= %(now)s
+            GROUP BY 1, 2, 3
+            """,
+            {"day": now - DAY, "hour": now - HOUR, "now": now},
+        )
+        return cursor.fetchall()
+
+
+def queue_stats(*, now: dt.datetime, finished: FinishedRows | None = None) -> list[QueueStats]:
     stats: dict[str, QueueStats] = defaultdict(lambda: QueueStats(queue="", now=now))
 
     def row(queue: str) -> QueueStats:
@@ -219,23 +239,13 @@ def queue_stats(*, now: dt.datetime) -> list[QueueStats]:
             # The oldest due job by id, so the page links to the very row it measures.
             entry.oldest_due_id, entry.oldest_due_at = oldest_id, oldest_at
 
-        # Index-only on job_finished_cover_idx: the window's entries carry state and queue.
-        cursor.execute(
-            """
-            SELECT queue,
-                   count(*) FILTER (WHERE state = 'succeeded'),
-                   count(*) FILTER (WHERE state = 'failed'),
-                   count(*) FILTER (WHERE state = 'succeeded' AND finished_at >= %(hour)s),
-                   count(*) FILTER (WHERE state = 'failed' AND finished_at >= %(hour)s)
-            FROM workers_job WHERE finished_at >= %(day)s AND finished_at <= %(now)s
-            GROUP BY queue
-            """,
-            {"day": now - DAY, "hour": now - HOUR, "now": now},
-        )
-        for queue, succeeded_24h, failed_24h, succeeded_1h, failed_1h in cursor.fetchall():
+        for queue, _hour, last_hour, succeeded, failed in finished if finished is not None else finished_jobs(now=now):
             entry = row(queue)
-            entry.succeeded_24h, entry.failed_24h = succeeded_24h, failed_24h
-            entry.succeeded_1h, entry.failed_1h = succeeded_1h, failed_1h
+            entry.succeeded_24h += succeeded
+            entry.failed_24h += failed
+            if last_hour:
+                entry.succeeded_1h += succeeded
+                entry.failed_1h += failed
 
         # Queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
         # start of its latest attempt (the one holding the job's current lease token), over the
@@ -488,20 +498,15 @@ def _hourly(rows: Iterable[tuple[dt.datetime, Any]], *, now: dt.datetime) -> lis
     return sorted(buckets.items())
 
 
-def charts(*, now: dt.datetime) -> tuple[BarChart, BarChart, BarChart]:
+def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[BarChart, BarChart, BarChart]:
     """Throughput, errors and cost per hour over the last 24 hours (server-side SVG)."""
     since = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=23)
+    # The jobs' window starts at now - 24 h, a little before since: _hourly drops that hour.
+    jobs = [
+        (hour, succeeded, failed)
+        for _, hour, _, succeeded, failed in (finished if finished is not None else finished_jobs(now=now))
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT date_trunc('hour', finished_at) AS hour,
-                   count(*) FILTER (WHERE state = 'succeeded'),
-                   count(*) FILTER (WHERE state = 'failed')
-            FROM workers_job WHERE finished_at >= %s AND finished_at <= %s GROUP BY hour
-            """,
-            [since, now],
-        )
-        jobs = cursor.fetchall()
         cursor.execute(
             """
             SELECT date_trunc('hour', finished_at) AS hour, count(*)
@@ -550,10 +555,11 @@ def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
 
 
 def _build(now: dt.datetime) -> Dashboard:
-    throughput, errors, cost = charts(now=now)
+    finished = finished_jobs(now=now)
+    throughput, errors, cost = charts(now=now, finished=finished)
     return Dashboard(
         now=now,
-        queues=queue_stats(now=now),
+        queues=queue_stats(now=now, finished=finished),
         workers=worker_health(now=now),
         budgets=budget_bars(now=now),
         throughput=throughput,

@@ -254,7 +254,7 @@ def test_every_dashboard_statement_is_a_bounded_index_read(seeded: None, monkeyp
         "ORDER BY started_at DESC LIMIT %s": "wait sample",
         "ORDER BY finished_at DESC LIMIT %s": "run sample",
         "CROSS JOIN LATERAL (\n                SELECT id FROM workers_attempt": "last attempt",
-        "SELECT queue,\n                   count(*) FILTER": "finished counts",
+        "AS last_hour": "finished counts",
         "WHERE j.state = 'queued' AND j.queue > q.queue": "due queues",
     }
     seen: dict[str, dict[str, Any]] = {}
