@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from console.charts import BarChart, bar_chart
@@ -247,47 +248,44 @@ def queue_stats(*, now: dt.datetime, finished: FinishedRows | None = None) -> li
                 entry.succeeded_1h += succeeded
                 entry.failed_1h += failed
 
-        # Queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
-        # start of its latest attempt (the one holding the job's current lease token), over the
-        # newest SAMPLE attempts started in the window (attempt_started_idx, backwards).
+        # One statement, two samples (one round trip):
+        # - queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
+        #   start of its latest attempt (the one holding the job's current lease token), over the
+        #   newest SAMPLE attempts started in the window (attempt_started_idx, backwards);
+        # - run time: the newest SAMPLE attempts that finished in the window (attempt_finished_idx,
+        #   backwards), except unservable/parked hand-backs that ran nothing.
         cursor.execute(
             """
-            SELECT j.queue,
+            (SELECT 'wait', j.queue,
                    percentile_cont(0.5) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
                    percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
                    count(*)
             FROM (
                 SELECT job_id, lease_token, started_at FROM workers_attempt
-                WHERE started_at >= %s AND started_at <= %s ORDER BY started_at DESC LIMIT %s
+                WHERE started_at >= %(day)s AND started_at <= %(now)s ORDER BY started_at DESC LIMIT %(sample)s
             ) a JOIN workers_job j ON j.id = a.job_id
             WHERE a.lease_token = j.lease_token AND j.state <> 'queued'
-            GROUP BY j.queue
-            """,
-            [now - DAY, now, SAMPLE],
-        )
-        for queue, p50, p95, n in cursor.fetchall():
-            entry = row(queue)
-            entry.wait_p50, entry.wait_p95, entry.wait_n = p50, p95, n
-        # Run time: the newest SAMPLE attempts that finished in the window (attempt_finished_idx,
-        # backwards), except unservable/parked hand-backs that ran nothing.
-        cursor.execute(
-            """
-            SELECT j.queue,
+            GROUP BY j.queue)
+            UNION ALL
+            (SELECT 'run', j.queue,
                    percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
                    percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
                    count(*)
             FROM (
                 SELECT job_id, started_at, finished_at FROM workers_attempt
-                WHERE finished_at >= %s AND finished_at <= %s AND outcome NOT IN ('unservable', 'parked')
-                ORDER BY finished_at DESC LIMIT %s
+                WHERE finished_at >= %(day)s AND finished_at <= %(now)s AND outcome NOT IN ('unservable', 'parked')
+                ORDER BY finished_at DESC LIMIT %(sample)s
             ) a JOIN workers_job j ON j.id = a.job_id
-            GROUP BY j.queue
+            GROUP BY j.queue)
             """,
-            [now - DAY, now, SAMPLE],
+            {"day": now - DAY, "now": now, "sample": SAMPLE},
         )
-        for queue, p50, p95, n in cursor.fetchall():
+        for what, queue, p50, p95, n in cursor.fetchall():
             entry = row(queue)
-            entry.run_p50, entry.run_p95, entry.run_n = p50, p95, n
+            if what == "wait":
+                entry.wait_p50, entry.wait_p95, entry.wait_n = p50, p95, n
+            else:
+                entry.run_p50, entry.run_p95, entry.run_n = p50, p95, n
 
     return [stats[name] if name in stats else QueueStats(queue=name, now=now) for name in _queue_names(stats)]
 
@@ -351,18 +349,16 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
         live: dict[str, tuple[int, dt.datetime]] = {worker: (job_id, started) for worker, job_id, started in cursor.fetchall()}
     # The newest finished attempt of each worker: one descent of attempt_worker_finished_idx
     # (worker_id, finished_at DESC) per worker, not a DISTINCT ON over the day's attempts.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT a.id FROM unnest(%s::text[]) AS w(name)
-            CROSS JOIN LATERAL (
-                SELECT id FROM workers_attempt
-                WHERE worker_id = w.name AND finished_at >= %s ORDER BY finished_at DESC LIMIT 1
-            ) a
-            """,
-            [names, now - DAY],
-        )
-        last_ids = [attempt_id for (attempt_id,) in cursor.fetchall()]
+    last_ids = RawSQL(
+        """
+        SELECT a.id FROM unnest(%s::text[]) AS w(name)
+        CROSS JOIN LATERAL (
+            SELECT id FROM workers_attempt
+            WHERE worker_id = w.name AND finished_at >= %s ORDER BY finished_at DESC LIMIT 1
+        ) a
+        """,
+        [names, now - DAY],
+    )
     last_done = {
         a.worker_id: a
         for a in Attempt.objects.filter(id__in=last_ids)
@@ -372,19 +368,17 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
     # The newest settled operation of each worker: per worker (LATERAL, top 1) over its
     # attempts (attempt_worker_finished_idx) and their operations (the attempt_id index), not a
     # DISTINCT ON sorting every worker's operations of the day together.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT o.id FROM unnest(%s::text[]) AS w(name)
-            CROSS JOIN LATERAL (
-                SELECT op.id FROM workers_attempt a JOIN workers_operation op ON op.attempt_id = a.id
-                WHERE a.worker_id = w.name AND op.settled_at >= %s
-                ORDER BY op.settled_at DESC LIMIT 1
-            ) o
-            """,
-            [names, now - DAY],
-        )
-        op_ids = [op_id for (op_id,) in cursor.fetchall()]
+    op_ids = RawSQL(
+        """
+        SELECT o.id FROM unnest(%s::text[]) AS w(name)
+        CROSS JOIN LATERAL (
+            SELECT op.id FROM workers_attempt a JOIN workers_operation op ON op.attempt_id = a.id
+            WHERE a.worker_id = w.name AND op.settled_at >= %s
+            ORDER BY op.settled_at DESC LIMIT 1
+        ) o
+        """,
+        [names, now - DAY],
+    )
     last_op = {
         op.attempt.worker_id: op  # type: ignore[union-attr]  # joined on the attempt: never None
         for op in Operation.objects.filter(id__in=op_ids)
@@ -507,24 +501,22 @@ def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[B
         for _, hour, _, succeeded, failed in (finished if finished is not None else finished_jobs(now=now))
     ]
     with connection.cursor() as cursor:
+        # Retried/orphaned attempts and cost per hour: one statement, one round trip.
         cursor.execute(
             """
-            SELECT date_trunc('hour', finished_at) AS hour, count(*)
-            FROM workers_attempt WHERE finished_at >= %s AND finished_at <= %s AND outcome IN ('retry', 'orphaned')
+            SELECT 'retries', date_trunc('hour', finished_at) AS hour, count(*)::numeric
+            FROM workers_attempt WHERE finished_at >= %(since)s AND finished_at <= %(now)s AND outcome IN ('retry', 'orphaned')
+            GROUP BY hour
+            UNION ALL
+            SELECT 'cost', date_trunc('hour', settled_at) AS hour, sum(cost_minor)::numeric
+            FROM workers_operation WHERE settled_at >= %(since)s AND settled_at <= %(now)s AND cost_minor IS NOT NULL
             GROUP BY hour
             """,
-            [since, now],
+            {"since": since, "now": now},
         )
-        retries = cursor.fetchall()
-        cursor.execute(
-            """
-            SELECT date_trunc('hour', settled_at) AS hour, sum(cost_minor)
-            FROM workers_operation WHERE settled_at >= %s AND settled_at <= %s AND cost_minor IS NOT NULL
-            GROUP BY hour
-            """,
-            [since, now],
-        )
-        cost = cursor.fetchall()
+        hourly = cursor.fetchall()
+    retries = [(hour, value) for what, hour, value in hourly if what == "retries"]
+    cost = [(hour, value) for what, hour, value in hourly if what == "cost"]
     throughput = bar_chart(
         title="Completed jobs per hour",
         series=[("succeeded", _hourly(((h, s) for h, s, _ in jobs), now=now))],
@@ -544,13 +536,13 @@ def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[B
 
 def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
     now = now or timezone.now()
-    with transaction.atomic(), connection.cursor() as cursor:
+    # savepoint=False: inside a request's transaction this joins it (SET LOCAL then lasts to its end).
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         # Every statement below is a bounded index read of a few thousand entries at most: at a
         # million jobs the planner's row guesses for the LATERAL/recursive walks still crossed
         # jit_above_cost (18 ms of JIT compile for a 25 ms read) and launched parallel workers
         # (35 ms to start them on a busy host) for 15 ms of work. SET LOCAL ends with this block.
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        cursor.execute("SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)")
         return _build(now)
 
 
