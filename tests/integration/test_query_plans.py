@@ -202,3 +202,106 @@ def test_the_claim_reads_the_head_of_its_queue_on_the_claim_index(seeded: None) 
     scans = job_scans(plan(sql, params))
     assert ("Index Scan", "job_claim_idx") in scans, scans
     assert all(kind != "Seq Scan" and not kind.startswith("Bitmap") for kind, _ in scans), scans
+
+
+ATTEMPT_INDEXES = {"attempt_started_idx", "attempt_finished_idx", "attempt_worker_finished_idx", "attempt_live_worker_idx"}
+
+
+def table_scans(root: dict[str, Any], table: str, prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [
+        (node["Node Type"], node.get("Index Name", ""))
+        for node in nodes(root)
+        if "Scan" in node["Node Type"]
+        and (node.get("Relation Name") == table or str(node.get("Index Name", "")).startswith(prefixes))
+    ]
+
+
+# transaction=True: VACUUM (which sets the visibility map, as autovacuum keeps it on a real
+# table) cannot run inside the test's transaction, and index-only plans depend on it.
+@pytest.mark.django_db(transaction=True)
+def test_every_dashboard_statement_is_a_bounded_index_read(seeded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.utils import timezone
+
+    # The sample is 2,000 attempts of a million-job table; 20k jobs keep its proportion with 100
+    # (at 2,000 of 20k a hash join over the whole job table is the planner's right call).
+    monkeypatch.setattr("console.dashboard.SAMPLE", 100)
+
+    from console.dashboard import build_dashboard
+    from workers.models import WorkerProcess
+
+    # As in production (and bench/scale.py), most history is older than the dashboard's 24 h:
+    # nine finished jobs in ten (and their attempts) move back 30 days.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workers_job SET finished_at = finished_at - interval '30 days', created_at = created_at - interval '30 days' "
+            "WHERE finished_at IS NOT NULL AND id % 10 <> 0"
+        )
+        cursor.execute(
+            "UPDATE workers_attempt a SET started_at = a.started_at - interval '30 days', "
+            "finished_at = a.finished_at - interval '30 days' FROM workers_job j WHERE j.id = a.job_id "
+            "AND j.finished_at < now() - interval '1 day'"
+        )
+        cursor.execute("VACUUM ANALYZE workers_job")
+        cursor.execute("VACUUM ANALYZE workers_attempt")
+    now = timezone.now()
+    WorkerProcess.objects.create(
+        name="w", hostname="h", pid=1, queues=sorted(set(QUEUES)), worker_class="simple", started_at=now, last_seen_at=now
+    )
+    with captured() as statements:
+        board = build_dashboard(now=now)
+    assert board.queues and board.workers
+    marked = {
+        # the per-queue live counts and oldest due job: a walk of the queues, then ranges
+        "WITH RECURSIVE queues(queue) AS (\n    (SELECT queue FROM workers_job ORDER BY": "live",
+        "ORDER BY started_at DESC LIMIT %(sample)s": "samples",
+        "CROSS JOIN LATERAL (\n            SELECT id FROM workers_attempt": "last attempt",
+        "AS last_hour": "finished counts",
+        "WHERE j.state = 'queued' AND j.queue > q.queue": "due queues",
+    }
+    seen: dict[str, dict[str, Any]] = {}
+    for sql, params in statements:
+        if "workers_job" not in sql and "workers_attempt" not in sql:
+            continue
+        root = plan(sql, params)
+        types = [n["Node Type"] for n in nodes(root)]
+        jobs = job_scans(root)
+        attempts = table_scans(root, "workers_attempt", ("attempt_", "workers_attempt"))
+        # Nothing reads either big table whole, nor sorts/uniques it (the old DISTINCT ONs).
+        assert all(kind != "Seq Scan" for kind, _ in jobs + attempts), (sql, jobs, attempts)
+        assert "Unique" not in types, (sql, types)
+        for marker, name in marked.items():
+            if marker in sql:
+                seen[name] = root
+    assert set(seen) == set(marked.values()), sorted(seen)
+
+    live = seen["live"]
+    live_types = [n["Node Type"] for n in nodes(live)]
+    assert "Recursive Union" in live_types and not {"Aggregate", "Gather"} & {
+        n["Node Type"] for n in nodes(live) if n.get("Parent Relationship") == "Outer" and n["Node Type"] == "Gather"
+    }
+    # Every count reads at most COUNT_CAP + 1 entries of one queue's range; the oldest due job
+    # is the first entry of job_queued_due_idx at or before now.
+    limits = [n for n in nodes(live) if n["Node Type"] == "Limit"]
+    assert len(limits) >= 6, live_types
+    assert all(kind.startswith("Index") for kind, _ in job_scans(live)), job_scans(live)
+    assert ("Index Only Scan", "job_queued_due_idx") in job_scans(live) or ("Index Scan", "job_queued_due_idx") in job_scans(
+        live
+    ), job_scans(live)
+    # The newest SAMPLE attempts started / finished in the window, each read backwards off its
+    # time index and cut by a Limit, then primary-key probes of the jobs.
+    samples = seen["samples"]
+    scans = table_scans(samples, "workers_attempt", ("attempt_", "workers_attempt"))
+    assert sorted(i for _, i in scans) == ["attempt_finished_idx", "attempt_started_idx"], scans
+    assert [n["Node Type"] for n in nodes(samples)].count("Limit") == 2, samples
+    assert {i for _, i in job_scans(samples)} == {"workers_job_pkey"}, job_scans(samples)
+    # The newest finished attempt of each worker: a top-1 descent of attempt_worker_finished_idx
+    # per worker, then primary-key probes.
+    scans = table_scans(seen["last attempt"], "workers_attempt", ("attempt_", "workers_attempt"))
+    assert "attempt_worker_finished_idx" in {i for _, i in scans}, scans
+    assert all(kind in ("Index Scan", "Index Only Scan") for kind, _ in scans), scans
+    assert {i for _, i in job_scans(seen["finished counts"])} == {"job_finished_cover_idx"}, job_scans(seen["finished counts"])
+    # Worker health's "due work waiting": the queues walked on job_claim_idx (as the dispatcher
+    # does), then one probe of job_queued_due_idx per queue for its oldest due job.
+    due = job_scans(seen["due queues"])
+    assert {i for _, i in due} == {"job_claim_idx", "job_queued_due_idx"}, due
+    assert all(kind.startswith("Index") for kind, _ in due), due
