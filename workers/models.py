@@ -11,6 +11,15 @@ from django.db import models
 from django.db.models import Q
 
 
+def operation_key_base(*, job_id: int, idempotency_key: str | None, carried: str = "") -> str:
+    """The prefix of a job's operation keys: stable across its attempts and its operator retries.
+
+    A retry carries its original's base (``Job.operation_key_base``), so a chain of retries
+    sends under one set of keys; otherwise the job's idempotency key, else ``koala-job-<id>``.
+    """
+    return carried or idempotency_key or f"koala-job-{job_id}"
+
+
 class JobState(models.TextChoices):
     QUEUED = "queued"  # waiting; due when scheduled_at <= now()
     RUNNING = "running"  # leased by exactly one attempt

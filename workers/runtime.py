@@ -35,7 +35,7 @@ from workers.errors import (
     StaleAttempt,
     TerminalFailure,
 )
-from workers.models import Attempt, Delivery, FailureReason, Job, Operation, Outcome
+from workers.models import Attempt, Delivery, FailureReason, Operation, Outcome, operation_key_base
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
@@ -65,7 +65,12 @@ class JobContext:
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id
         self.trace_id = lease.trace_id
-        self._idempotency_key: str | None = None  # read on first use (idempotency_key)
+        # Stable across retries of this job, and carried by an operator retry from its original
+        # (Job.operation_key_base): the idempotency key for outbound calls, so a retry's steps
+        # find the original's ledger rows and can never send an effect twice.
+        self.idempotency_key = operation_key_base(
+            job_id=lease.job_id, idempotency_key=lease.idempotency_key, carried=lease.operation_key_base
+        )
         self.worker_name = runtime.name
         self.cancelled = threading.Event()
         self.shutting_down = runtime.shutdown_requested
@@ -124,19 +129,6 @@ class JobContext:
 
         self.checkpoint()
         return run_operation(self, name, **options)
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable across retries of this job: the idempotency key for outbound calls.
-
-        An operator retry is a new job that carries its original's key (Job.operation_key_base),
-        so its steps find the original's ledger rows and can never send an effect twice. Read
-        on first use: jobs that make no outbound call pay no query for it.
-        """
-        if self._idempotency_key is None:
-            carried = Job.objects.filter(pk=self.job_id).values_list("operation_key_base", flat=True).first()
-            self._idempotency_key = carried or self.lease.idempotency_key or f"koala-job-{self.job_id}"
-        return self._idempotency_key
 
     def operation_key(self, name: str) -> str:
         """The default key of step ``name``: stable across retries, unique per job and step."""

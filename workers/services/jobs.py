@@ -18,7 +18,7 @@ from koala.audit import record_audit
 from koala.redaction import redact_text
 from workers import doorbell, kinds
 from workers.errors import EnqueueError, JobStateError
-from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome
+from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
 MAX_INPUT_BYTES = 16_384  # messages describe the work; customer data stays in the database
 
@@ -324,7 +324,7 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
             correlation_id=job.correlation_id,
         )
         # The old job's key base, itself carried if it was a retry: a chain of retries shares one.
-        base = job.operation_key_base or job.idempotency_key or f"koala-job-{job.pk}"
+        base = operation_key_base(job_id=job.pk, idempotency_key=job.idempotency_key, carried=job.operation_key_base)
         # Same transaction as the insert: no worker can claim the new job before it has its keys.
         Job.objects.filter(pk=result.job_id).update(retry_of=job, operation_key_base=base)
         # Steps not done (open or failed) are the new job's to settle or send: move their rows so

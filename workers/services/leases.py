@@ -50,6 +50,7 @@ class Lease:
     trace_id: str
     idempotency_key: str | None
     created_by: str
+    operation_key_base: str  # an operator retry's carried key base ('' for the job's own)
     budget_usage_ids: tuple[int, ...] = ()  # usage rows whose run time this attempt adds when it ends
 
     @property
@@ -60,7 +61,8 @@ class Lease:
 
 _LEASE_COLUMNS = (
     "c.id, a.id, c.kind, c.version, c.queue, c.input, c.run_state, c.progress, c.lease_token, c.attempts, "
-    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key, c.created_by"
+    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key, "
+    "c.created_by, c.operation_key_base"
 )
 
 # Planner note. Fenced writes and the claim's UPDATE find their row by primary key; their
