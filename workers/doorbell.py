@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from django.conf import settings
 from redis import Redis
@@ -46,6 +47,13 @@ def rq_queue(name: str) -> Queue:
     return Queue(name, connection=redis_connection(), default_timeout=-1)
 
 
+def _message(job_id: int, version: int, **extra: Any) -> EnqueueData:
+    """One doorbell: the job id and contract version only; RQ keeps no result and no retry."""
+    return Queue.prepare_data(
+        ENTRY, args=(job_id, version), timeout=-1, result_ttl=0, failure_ttl=86400, description=f"koala job {job_id}", **extra
+    )
+
+
 def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = None) -> int:
     """Push messages for (job_id, version) pairs until the queue holds ``depth`` pending.
 
@@ -62,11 +70,7 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
         for job_id, version in jobs:
             if len(batch) >= room:
                 break
-            batch.append(
-                Queue.prepare_data(
-                    ENTRY, args=(job_id, version), timeout=-1, result_ttl=0, failure_ttl=86400, description=f"koala job {job_id}"
-                )
-            )
+            batch.append(_message(job_id, version))
         if batch:
             q.enqueue_many(batch)
         return len(batch)
@@ -94,20 +98,7 @@ def pass_on(queue: str, job_id: int, version: int, *, hops: int) -> bool:
     not apply. Never raises, like ``ring``.
     """
     try:
-        rq_queue(queue).enqueue_many(
-            [
-                Queue.prepare_data(
-                    ENTRY,
-                    args=(job_id, version),
-                    timeout=-1,
-                    result_ttl=0,
-                    failure_ttl=86400,
-                    description=f"koala job {job_id}",
-                    at_front=True,
-                    meta={HOPS: hops},
-                )
-            ]
-        )
+        rq_queue(queue).enqueue_many([_message(job_id, version, at_front=True, meta={HOPS: hops})])
         return True
     except Exception as exc:
         log.warning("passing on the doorbell for job %s failed (%s); the dispatcher will re-ring", job_id, type(exc).__name__)
