@@ -64,6 +64,20 @@ def pg_proxy() -> Iterator[FaultProxy]:
         proxy.close()
 
 
+def start_partitioned_worker(processes, proxy: FaultProxy, name: str = "stale"):  # type: ignore[no-untyped-def]
+    """A worker whose PostgreSQL traffic goes through ``proxy``, ready to claim."""
+    worker = processes.worker("--name", name, env=worker_env(DATABASE_URL=_proxied_url(proxy)), name=name)
+    wait_workers_ready([worker])
+    return worker
+
+
+def start_the_takeover(processes) -> None:  # type: ignore[no-untyped-def]
+    """A worker and a beat on direct connections: what reclaims and reruns the job."""
+    healthy = processes.worker("--name", "healthy", name="healthy")
+    processes.beat()
+    wait_workers_ready([healthy])
+
+
 def let_the_stale_side_act() -> None:
     """After heal(): the stale process gets its held replies within milliseconds and would act
     on them at once (call the provider, write a row). Nothing in the database marks "it chose
@@ -98,15 +112,12 @@ def test_a_stale_ledger_transaction_never_commits_and_never_calls(processes, pg_
     in-flight transaction: the server ends that transaction, the job is reclaimed and charged
     once while the partition lasts, and the late COMMIT changes nothing."""
     world = str(tmp_path / "world.log")
-    stale = processes.worker("--name", "stale", env=worker_env(DATABASE_URL=_proxied_url(pg_proxy)), name="stale")
-    wait_workers_ready([stale])
+    stale = start_partitioned_worker(processes, pg_proxy)
     fired = pg_proxy.blackhole_after(b"INSERT INTO workers_operation")
     job_id = _charge(world)
     assert fired.wait(20), "the stale worker never reached the ledger"
 
-    healthy = processes.worker("--name", "healthy", name="healthy")
-    processes.beat()
-    wait_workers_ready([healthy])
+    start_the_takeover(processes)
     # While the stale worker is still cut off: reclaimed and completed (nobody queued behind it).
     wait_state(job_id, JobState.SUCCEEDED, timeout=PARTITION)
     assert pg_proxy.blackholed
@@ -122,15 +133,12 @@ def test_a_lease_lost_after_the_in_flight_commit_stops_before_the_call(processes
     reconciles the open row and charges once; the stale attempt, answered at last, re-checks
     its lease before calling and stops."""
     world = str(tmp_path / "world.log")
-    stale = processes.worker("--name", "stale", env=worker_env(DATABASE_URL=_proxied_url(pg_proxy)), name="stale")
-    wait_workers_ready([stale])
+    stale = start_partitioned_worker(processes, pg_proxy)
     fired = pg_proxy.blackhole_after(b"COMMIT")
     job_id = _charge(world)
     assert fired.wait(20), "the stale worker never committed"
 
-    healthy = processes.worker("--name", "healthy", name="healthy")
-    processes.beat()
-    wait_workers_ready([healthy])
+    start_the_takeover(processes)
     wait_state(job_id, JobState.SUCCEEDED, timeout=PARTITION)
     pg_proxy.heal()
     let_the_stale_side_act()
@@ -145,15 +153,12 @@ def test_a_partition_mid_body_reclaims_and_the_stale_body_acts_on_nothing(
     processes, pg_proxy: FaultProxy, tmp_path: Path
 ) -> None:
     world = str(tmp_path / "world.log")
-    stale = processes.worker("--name", "stale", env=worker_env(DATABASE_URL=_proxied_url(pg_proxy)), name="stale")
-    wait_workers_ready([stale])
+    stale = start_partitioned_worker(processes, pg_proxy)
     job_id = _charge(world, first_attempt_sleep=6)
     wait_for(lambda: any(line[:2] == ["start", str(job_id)] for line in effect_lines(world)), timeout=20)
     pg_proxy.blackhole()  # heartbeats and everything else stop; the body keeps sleeping
 
-    healthy = processes.worker("--name", "healthy", name="healthy")
-    processes.beat()
-    wait_workers_ready([healthy])
+    start_the_takeover(processes)
     wait_state(job_id, JobState.SUCCEEDED, timeout=PARTITION)
     pg_proxy.heal()  # the stale body wakes up and reaches the ledger after the job succeeded
     let_the_stale_side_act()
@@ -175,15 +180,12 @@ def test_a_report_held_in_a_partition_is_refused_when_it_arrives(
     or the completion) is held on the way: the job is reclaimed, the re-run settles the open
     operation by lookup (or finds it stored) and calls nothing, and the late write is refused."""
     world = str(tmp_path / "world.log")
-    stale = processes.worker("--name", "stale", env=worker_env(DATABASE_URL=_proxied_url(pg_proxy)), name="stale")
-    wait_workers_ready([stale])
+    start_partitioned_worker(processes, pg_proxy)
     fired = pg_proxy.hold_on(held)
     job_id = _charge(world)
     assert fired.wait(20)
 
-    healthy = processes.worker("--name", "healthy", name="healthy")
-    processes.beat()
-    wait_workers_ready([healthy])
+    start_the_takeover(processes)
     wait_state(job_id, JobState.SUCCEEDED, timeout=PARTITION)
     winner = [a for a in attempts(job_id) if a.outcome == Outcome.SUCCEEDED]
     pg_proxy.heal()
@@ -198,8 +200,7 @@ def test_a_report_held_in_a_partition_is_refused_when_it_arrives(
 
 def test_a_completion_that_landed_before_the_partition_is_never_undone(processes, pg_proxy: FaultProxy, tmp_path: Path) -> None:
     world = str(tmp_path / "world.log")
-    stale = processes.worker("--name", "cutoff", env=worker_env(DATABASE_URL=_proxied_url(pg_proxy)), name="cutoff")
-    wait_workers_ready([stale])
+    start_partitioned_worker(processes, pg_proxy, name="cutoff")
     fired = pg_proxy.blackhole_after(COMPLETION)
     job_id = _charge(world)
     assert fired.wait(20)
