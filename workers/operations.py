@@ -412,22 +412,8 @@ class _Ledger:
 
     def _on_exhausted(self, exc: BudgetExhausted) -> None:
         budget = Budget.objects.filter(pk=exc.budget_id).first()
-        if budget is None or not budget.pause_on_exhaust:
-            return
-        from workers.errors import SafetyError
-        from workers.services import pauses
-
-        try:
-            pauses.pause(
-                scope=budget.scope,
-                target=budget.target,
-                mode="drain",
-                source="budget",
-                actor="budget",
-                reason=f"budget {budget.name!r} exhausted: {exc.detail}",
-            )
-        except SafetyError:
-            pass  # already paused
+        if budget is not None and budget.pause_on_exhaust:
+            budgets.pause_scope(budget=budget, reason=f"budget {budget.name!r} exhausted: {exc.detail}")
 
     def _mark_in_flight(self, op: Operation | None, reservations: list[list[int]]) -> int:
         """Record the call as in flight; the caller's transaction already holds the lease (_hold)."""

@@ -398,20 +398,29 @@ def pause_overshot(*, overshoots: Sequence[Overshoot], operation: str) -> list[P
             f"reserved {over.reserved_minor} (its upper bound); spend may pass the cap of {budget.spend_limit_minor} "
             f"{budget.currency}. Check the provider's billing, then resume"
         )
-        try:
-            made.append(
-                pauses.pause(
-                    scope=budget.scope,
-                    target=budget.target,
-                    mode=PauseMode.DRAIN,
-                    source=PauseSource.BUDGET,
-                    actor="budget",
-                    reason=reason,
-                )
-            )
-        except SafetyError:
-            pass  # already paused (pause_one_live_per_scope decided, inside pause()'s own savepoint)
+        paused = pause_scope(budget=budget, reason=reason)
+        if paused is not None:
+            made.append(paused)
     return made
+
+
+def pause_scope(*, budget: Budget, reason: str) -> Pause | None:
+    """Drain-pause the scope ``budget`` covers, as the budget (an exhausted cap, an overshoot).
+
+    None when that scope is already paused: pause_one_live_per_scope decides, inside pause()'s
+    own savepoint, and the existing pause stands.
+    """
+    try:
+        return pauses.pause(
+            scope=budget.scope,
+            target=budget.target,
+            mode=PauseMode.DRAIN,
+            source=PauseSource.BUDGET,
+            actor="budget",
+            reason=reason,
+        )
+    except SafetyError:
+        return None
 
 
 def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = False) -> None:
