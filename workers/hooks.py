@@ -1,0 +1,91 @@
+"""How apps above the engine plug into it, without the engine importing them.
+
+The engine (``workers``) sits below ``reviews``, ``exports`` and ``console``: it must run with
+none of them installed and never import them. Where it needs their help it calls through this
+registry, which each app fills in its ``AppConfig.ready``:
+
+- **beat tasks**: periodic work the beat runs each tick, after the engine's own (an app's
+  housekeeping, e.g. expiring undecided reviews, settling exports);
+- **on-cancel callbacks**: run inside the cancel's transaction, after the job row is locked
+  (e.g. withdrawing a cancelled job's open reviews), so the lock order stays job → others;
+- **the review gate**: what the ledger asks before a critical operation (digest of the exact
+  action, is there a usable approval, ask for one).
+
+Registration is idempotent by name, so a second ``ready()`` (tests, autoreload) replaces
+rather than duplicates. The registry holds callables only; it never imports an app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class BeatTask:
+    name: str
+    run: Callable[[], Any]  # returns something loggable (a count, a report)
+
+
+class ReviewGate(Protocol):
+    """The review app's answer to "may this critical action happen?" (see reviews.gate)."""
+
+    def digest(self, binding: dict[str, Any]) -> str: ...
+
+    def consume_approval(self, *, job_id: int, operation_key: str, digest: str) -> bool: ...
+
+    def request_review(
+        self,
+        *,
+        job_id: int,
+        operation_name: str,
+        operation_key: str,
+        action: str,
+        digest: str,
+        summary: dict[str, Any],
+        amount_minor: int | None,
+        currency: str,
+        target: str,
+        kind_version: str,
+        requested_by: str,
+    ) -> int:  # the review's id
+        ...
+
+
+class NoReviewGate(RuntimeError):
+    """A critical operation was reached but no app provides a review gate: refuse, never run it."""
+
+
+_beat_tasks: dict[str, BeatTask] = {}
+_on_cancel: dict[str, Callable[..., Any]] = {}
+_review_gate: ReviewGate | None = None
+
+
+def register_beat_task(name: str, run: Callable[[], Any]) -> None:
+    _beat_tasks[name] = BeatTask(name=name, run=run)
+
+
+def beat_tasks() -> list[BeatTask]:
+    return list(_beat_tasks.values())
+
+
+def register_on_cancel(name: str, callback: Callable[..., Any]) -> None:
+    """``callback(*, job_id: int, actor: str)``, called inside the cancel transaction."""
+    _on_cancel[name] = callback
+
+
+def run_on_cancel(*, job_id: int, actor: str) -> None:
+    for callback in _on_cancel.values():
+        callback(job_id=job_id, actor=actor)
+
+
+def register_review_gate(gate: ReviewGate) -> None:
+    global _review_gate
+    _review_gate = gate
+
+
+def review_gate() -> ReviewGate:
+    if _review_gate is None:
+        raise NoReviewGate("a critical operation needs a review gate; install the reviews app")
+    return _review_gate
