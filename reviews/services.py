@@ -28,7 +28,7 @@ from koala.redaction import redact_text
 from reviews.models import ReviewRequest, ReviewState
 from workers.errors import SafetyError
 from workers.models import FailureReason, Job, JobState, ParkReason
-from workers.services.jobs import unpark_jobs
+from workers.services.jobs import fail_parked, unpark_jobs
 
 
 def action_digest(binding: dict[str, Any]) -> str:
@@ -243,13 +243,13 @@ def reject_review(*, review_id: int, actor: str, comment: str) -> ReviewRequest:
 
 
 def _fail_parked(review: ReviewRequest, *, reason: str, message: str) -> None:
-    Job.objects.filter(pk=review.job_id, state=JobState.PARKED, park_reason=ParkReason.WAITING_REVIEW).update(
-        state=JobState.FAILED,
-        failure_reason=reason,
-        park_reason=None,
+    """End the review's job, if it is still parked waiting for a review (the engine's service decides)."""
+    fail_parked(
+        job_id=review.job_id,
+        reason=reason,
+        message=message,
         error_class="ReviewRejected" if reason == FailureReason.REVIEW_REJECTED else "ReviewExpired",
-        error_message=redact_text(message),
-        finished_at=timezone.now(),
+        park_reason=ParkReason.WAITING_REVIEW,
     )
 
 

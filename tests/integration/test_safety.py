@@ -321,6 +321,41 @@ def test_rejection_ends_the_job_and_expiry_is_enforced(tmp_path: Path, redis_cle
     assert effects(tmp_path) == []
 
 
+def test_the_beat_expires_reviews_through_the_reviews_apps_beat_task(tmp_path: Path, redis_clean: None) -> None:
+    from workers.services.maintenance import safety_tick
+
+    job_id = charge(tmp_path, created_by="alice", amount=8000, customer="c-beat")
+    run_until(job_id, "parked")
+    assert safety_tick().tasks["reviews"] == {"expired": 0}
+    ReviewRequest.objects.filter(job_id=job_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    report = safety_tick()
+    assert report.tasks["reviews"] == {"expired": 1}
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.failure_reason, job.error_class) == ("failed", "review_expired", "ReviewExpired")
+    assert list(report.tasks) == ["reviews", "exports"], "beat tasks run in INSTALLED_APPS order"
+
+
+def test_fail_parked_changes_only_a_job_still_parked_for_that_reason(tmp_path: Path, redis_clean: None) -> None:
+    from workers.services.jobs import fail_parked
+
+    job_id = charge(tmp_path, created_by="alice", amount=6000, customer="c-fp")
+    queued = Job.objects.get(pk=job_id)
+    ending = {"reason": "review_rejected", "message": "no", "error_class": "ReviewRejected"}
+    assert fail_parked(job_id=job_id, park_reason="waiting_review", **ending) is False
+    assert Job.objects.get(pk=job_id).state == queued.state == "queued"
+    run_until(job_id, "parked")
+    assert fail_parked(job_id=job_id, park_reason="budget", **ending) is False
+    assert Job.objects.get(pk=job_id).state == "parked"
+    message = "rejected: api_key=sk_live_abcdefghijklmnopqrstuv"
+    assert fail_parked(job_id=job_id, park_reason="waiting_review", **(ending | {"message": message})) is True
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.failure_reason, job.park_reason) == ("failed", "review_rejected", None)
+    assert job.error_class == "ReviewRejected"
+    assert "sk_live_" not in job.error_message and job.finished_at is not None
+    assert fail_parked(job_id=job_id, **ending) is False, "a terminal job never changes"
+    assert effects(tmp_path) == []
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 

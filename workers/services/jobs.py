@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
-from workers import doorbell, kinds
+from workers import doorbell, hooks, kinds
 from workers.errors import EnqueueError, JobStateError
 from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
@@ -289,12 +289,34 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
             actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
         )
         # Whatever the state: a job approved (so queued again) and cancelled before it ran
-        # would otherwise keep an open approval. The job row is locked first, then its
-        # reviews: the order every service that touches both keeps, so none can deadlock.
-        from reviews.services import withdraw_open_reviews
-
-        withdraw_open_reviews(job_id=job_id, actor=actor)
+        # would otherwise keep an open approval. The job row is locked first, then what the
+        # apps above hang on it (its reviews, withdrawn by the reviews app's callback): the
+        # order every service that touches both keeps, so none can deadlock.
+        hooks.run_on_cancel(job_id=job_id, actor=actor)
     return job
+
+
+def fail_parked(*, job_id: int, reason: str, message: str, error_class: str, park_reason: str | None = None) -> bool:
+    """End a parked job as failed (``reason``: a FailureReason), e.g. its review was rejected or expired.
+
+    One conditional UPDATE decides: only a job still parked (for ``park_reason``, when given)
+    changes; one that was requeued, unparked or cancelled meanwhile is left alone and the
+    answer is False. Call inside the caller's transaction, after locking the job row first
+    (the lock order job, then the caller's own rows), so its audit row commits with it.
+    """
+    parked = Job.objects.filter(pk=job_id, state=JobState.PARKED)
+    if park_reason is not None:
+        parked = parked.filter(park_reason=park_reason)
+    return bool(
+        parked.update(
+            state=JobState.FAILED,
+            failure_reason=reason,
+            park_reason=None,
+            error_class=error_class,
+            error_message=redact_text(message),
+            finished_at=timezone.now(),
+        )
+    )
 
 
 def retry_job(*, job_id: int, actor: str) -> EnqueueResult:

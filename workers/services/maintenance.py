@@ -6,12 +6,13 @@ once: a row changes once, whichever replica gets there first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from workers import doorbell
+from workers import doorbell, hooks
 from workers.services.pauses import LIVE_PAUSE_SQL
 
 # Dispatch does not wake workers for jobs a live pause holds back.
@@ -163,23 +164,30 @@ def dispatch(*, depth: int | None = None) -> int:
 @dataclass(frozen=True)
 class SafetyReport:
     pauses_lifted: int
-    reviews_expired: int
     unparked: int
     breakers_tripped: list[str]
+    # What each app's beat task (workers.hooks.register_beat_task) returned, by task name:
+    # e.g. {"reviews": {"expired": 1}, "exports": {"settled": 0, "temp_objects_removed": 2}}.
+    tasks: dict[str, Any] = field(default_factory=dict)
 
 
 def safety_tick() -> SafetyReport:
-    """The safety layer's periodic work: expired pauses lift, undecided reviews end their job,
-    budget-parked jobs resume when their budget has room, and the circuit breaker trips."""
-    from reviews.services import expire_reviews
+    """The safety layer's periodic work: expired pauses lift, budget-parked jobs resume when
+    their budget has room, and the circuit breaker trips; then each app's beat task runs
+    (undecided reviews end their job, exports settle), in the order the apps registered them.
+
+    A task that raises ends the tick, as the engine's own steps do: the beat logs it and the
+    next tick runs everything again (each step is idempotent)."""
     from workers.services import budgets, pauses
 
     lifted = pauses.lift_expired()
     if lifted:
         transaction.on_commit(dispatch)
+    unparked = budgets.unpark_ready()
+    tripped = [p.target for p in pauses.trip_breakers()]
     return SafetyReport(
         pauses_lifted=lifted,
-        reviews_expired=expire_reviews(),
-        unparked=budgets.unpark_ready(),
-        breakers_tripped=[p.target for p in pauses.trip_breakers()],
+        unparked=unparked,
+        breakers_tripped=tripped,
+        tasks={task.name: task.run() for task in hooks.beat_tasks()},
     )

@@ -3,10 +3,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
+from collections.abc import Mapping
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
@@ -17,11 +16,25 @@ from workers.services.maintenance import dispatch, reap, safety_tick
 log = logging.getLogger("koala.beat")
 
 
+def _worth_logging(result: Any) -> bool:
+    """A beat task's result says something happened: a non-zero count (or a mapping holding one)."""
+    if isinstance(result, Mapping):
+        return any(result.values())
+    return bool(result)
+
+
+def _loggable(result: Any) -> str:
+    if isinstance(result, Mapping):
+        return " ".join(f"{key}={value}" for key, value in result.items())
+    return str(result)
+
+
 class Command(BaseCommand):
     help = (
         "Run the dispatcher and reaper loop: requeue or fail expired leases, fail jobs past their deadline, "
-        "lift expired pauses, expire undecided reviews, unpark jobs whose budget has room, trip the circuit "
-        "breaker, and re-ring RQ for every due job from database state. Any number of replicas may run."
+        "lift expired pauses, unpark jobs whose budget has room, trip the circuit breaker, run the installed apps' "
+        "beat tasks (undecided reviews expire, exports settle), and re-ring RQ for every due job from database "
+        "state. Any number of replicas may run."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -43,29 +56,20 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: stop.set())
-        exports_installed = apps.is_installed("exports")
-        next_temp_sweep = 0.0
         while True:
             try:
                 report = reap()
+                # The safety layer's steps, then each installed app's beat task (workers.hooks):
+                # reviews past their time end their job, engine-decided outcomes reach their exports.
                 safety = safety_tick()
-                if exports_installed:
-                    from exports.services import housekeeping
-
-                    # Outcomes the engine decided alone (reaper, cancel) reach their export records;
-                    # dead attempts' temporary files go about once a minute.
-                    sweep = time.monotonic() >= next_temp_sweep
-                    settled, removed = housekeeping(clean_temp=sweep)
-                    if sweep:
-                        next_temp_sweep = time.monotonic() + 60.0
-                    if settled or removed:
-                        log.info("beat: exports settled=%d temp_objects_removed=%d", settled, removed)
+                for name, result in safety.tasks.items():
+                    if _worth_logging(result):
+                        log.info("beat: %s %s", name, _loggable(result))
                 rung = dispatch()
-                if safety.pauses_lifted or safety.reviews_expired or safety.unparked or safety.breakers_tripped:
+                if safety.pauses_lifted or safety.unparked or safety.breakers_tripped:
                     log.info(
-                        "beat: pauses_lifted=%d reviews_expired=%d unparked=%d breakers_tripped=%s",
+                        "beat: pauses_lifted=%d unparked=%d breakers_tripped=%s",
                         safety.pauses_lifted,
-                        safety.reviews_expired,
                         safety.unparked,
                         ",".join(safety.breakers_tripped) or "-",
                     )
