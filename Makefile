@@ -10,7 +10,7 @@ SHELL := /bin/bash
 
 VENV        := .venv
 PY          := $(VENV)/bin/python
-WITH_SERVICES := $(PY) -m koala.embedded --
+WITH_SERVICES := $(PY) -m devtools.embedded --
 PYTEST_ARGS ?=
 RUN_ARGS    ?=
 BENCH_ARGS  ?=

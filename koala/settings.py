@@ -78,9 +78,7 @@ try:
     # How long a reviewer has to decide, and how long an approval stays usable.
     KOALA_REVIEW_TTL_SECONDS = env.number("KOALA_REVIEW_TTL_SECONDS", 86400.0, minimum=1.0)
     KOALA_APPROVAL_TTL_SECONDS = env.number("KOALA_APPROVAL_TTL_SECONDS", 3600.0, minimum=1.0)
-    KOALA_JOB_KIND_MODULES = env.string_list(
-        "KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "workers.effect_kinds", "exports.jobs"]
-    )
+    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "effects.kinds", "exports.jobs"])
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
@@ -106,7 +104,7 @@ try:
         except re.error as _bad:
             raise ConfigError(f"KOALA_REDACT_EXTRA_PATTERNS has an invalid regex {_pattern!r}: {_bad}") from None
 
-    # Outbound providers (workers/providers/). Unset URL: jobs needing that provider fail
+    # Outbound providers (effects/providers/). Unset URL: jobs needing that provider fail
     # visibly (not_configured). API keys are secrets: in production give them as *_FILE.
     def _provider_url(name: str) -> str:
         url = env.string(name, "").strip().rstrip("/")
@@ -175,11 +173,15 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_rq",
+    # The floor plan (docs/architecture.md): the engine, the apps that plug into it, the staff
+    # pages, the local tooling. Order matters only for workers.hooks: beat tasks run in it.
     "koala",
     "workers",
+    "effects",
     "reviews",
     "console",
     "exports",
+    "devtools",
 ]
 
 MIDDLEWARE = [

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke test of the nothing-but-Python path: with neither DATABASE_URL nor REDIS_URL set,
-# koala.embedded must start real PostgreSQL and Redis in a fresh data folder, a job must go
+# devtools.embedded must start real PostgreSQL and Redis in a fresh data folder, a job must go
 # through enqueue -> worker -> succeeded across separate launcher runs (data persists), and
 # nothing may be left running afterwards.
 #
@@ -56,10 +56,10 @@ finish() {
 }
 trap finish EXIT
 
-# launched NAME CMD...: run CMD under koala.embedded, stdout to $OUT/NAME.out (also shown).
+# launched NAME CMD...: run CMD under devtools.embedded, stdout to $OUT/NAME.out (also shown).
 launched() {
     local name=$1; shift
-    timeout -s TERM -k 15 "$STEP_TIMEOUT" "$PY" -m koala.embedded -- "$@" </dev/null >"$OUT/$name.out" 2>"$OUT/$name.err"
+    timeout -s TERM -k 15 "$STEP_TIMEOUT" "$PY" -m devtools.embedded -- "$@" </dev/null >"$OUT/$name.out" 2>"$OUT/$name.err"
     local rc=$?
     sed "s/^/  [$name] /" "$OUT/$name.out" "$OUT/$name.err" | tail -n 40
     return $rc

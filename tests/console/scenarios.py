@@ -3,8 +3,8 @@ process) against the loopback provider: no row is written by hand."""
 
 from __future__ import annotations
 
+from devtools.sandbox.provider import FakeProvider
 from reviews.models import ReviewRequest
-from tests.fakes.provider import FakeProvider
 from tests.inprocess import run_until
 from workers.models import Job, Operation
 from workers.services.jobs import enqueue

@@ -14,13 +14,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from devtools.sandbox.provider import FakeProvider
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from tests.acceptance.support import wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
 from tests.console.conftest import PASSWORD, effects_env
 from tests.console.scenarios import BEARER, CARD
-from tests.fakes.provider import FakeProvider
 from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.sandbox.provider import FakeProvider
 from tests.conftest import worker_env
-from tests.fakes.provider import FakeProvider
 from tests.fakes.smtp import SmtpSink
 
 PROVIDER_API_KEY = "sk_test_fakeproviderkey0123456789"  # a credential-shaped value: it must never be stored
@@ -53,7 +53,7 @@ def smtp_sink(tmp_path: Path, settings) -> Iterator[SmtpSink]:  # type: ignore[n
 
 def effects_env(provider: FakeProvider | None = None, smtp: SmtpSink | None = None, **extra: str) -> dict[str, str]:
     """Environment for a worker subprocess that serves the side-effect kinds against the fakes."""
-    values = {"KOALA_JOB_KIND_MODULES": "workers.builtin_kinds,workers.effect_kinds,tests.kinds"}
+    values = {"KOALA_JOB_KIND_MODULES": "workers.builtin_kinds,effects.kinds,tests.kinds"}
     if provider is not None:
         values |= {
             "KOALA_PAYMENTS_URL": provider.url,

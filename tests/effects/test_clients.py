@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from devtools.sandbox.provider import FakeProvider, ProviderControl
+from effects.providers import email, models, payments
+from effects.providers.http import retry_after_seconds
 from tests.conftest import REPO, wait_for
 from tests.effects.conftest import PROVIDER_API_KEY
-from tests.fakes.provider import FakeProvider, ProviderControl
 from tests.fakes.smtp import SmtpSink, free_port
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
 from workers.operations import Miss, Processing
-from workers.providers import email, models, payments
-from workers.providers.http import retry_after_seconds
 
 
 def order(client: payments.PaymentsClient, key: str, amount: int = 1200) -> dict:
@@ -200,7 +200,7 @@ def test_provider_process_keeps_its_record_across_a_restart(tmp_path: Path, sett
 
     def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.provider", "--port", str(port), "--state", str(state)],
+            [sys.executable, "-m", "devtools.sandbox.provider", "--port", str(port), "--state", str(state)],
             cwd=REPO,
             env={**os.environ, "FAKE_PROVIDER_API_KEY": PROVIDER_API_KEY},
             stdout=subprocess.PIPE,

@@ -13,12 +13,12 @@ from io import StringIO
 
 import pytest
 
+from devtools.sandbox.provider import FakeProvider
+from effects.providers import email
 from reviews.models import ReviewRequest
-from tests.fakes.provider import FakeProvider
 from tests.fakes.smtp import SmtpSink
 from tests.inprocess import drain, run_until
 from workers.models import Attempt, Job, Operation
-from workers.providers import email
 from workers.services import budgets, operations
 from workers.services.jobs import enqueue
 

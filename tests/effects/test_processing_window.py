@@ -2,7 +2,7 @@
 operations exist.
 
 The provider accepts a charge and commits it seconds later (the ``processing`` fault of
-tests/fakes/provider.py): meanwhile a lookup by key misses (404) or says "processing" (202), and a
+devtools/sandbox/provider.py): meanwhile a lookup by key misses (404) or says "processing" (202), and a
 re-send under the key gets 409 ``idempotency_key_in_use``. Koala must never record "did not happen"
 for that charge: the operation stays open with its reservation held, is reconciled again later
 without using the job's attempts, and goes to a person when the provider's own contract (its
@@ -17,10 +17,10 @@ import time
 
 import pytest
 
+from devtools.sandbox.provider import FakeProvider
 from tests.acceptance.support import assert_engine_invariants, attempts, wait_workers_ready
 from tests.conftest import wait_for
 from tests.effects.conftest import effects_env
-from tests.fakes.provider import FakeProvider
 from tests.inprocess import run_until
 from workers.models import Budget, Job, Operation
 from workers.services import budgets, operations

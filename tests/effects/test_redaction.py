@@ -14,11 +14,11 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from devtools.sandbox.provider import FakeProvider
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from tests.acceptance.support import wait_state, wait_workers_ready
 from tests.effects.conftest import PROVIDER_API_KEY, effects_env
-from tests.fakes.provider import FakeProvider
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 

@@ -5,7 +5,7 @@ concurrent workers cannot push spend past a budget's cap whatever the prompts' t
 density; a provider that bills beyond that bound anyway is recorded on the operation,
 pauses the budget's scope and shows on the dashboard.
 
-The loopback provider bills tokens by density (tests.fakes.provider.count_tokens: digits
+The loopback provider bills tokens by density (devtools.sandbox.provider.count_tokens: digits
 and emoji a token a byte, CJK a token a character, prose a token per ~4 bytes), and its own
 effect log is the record of what was billed.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from devtools.sandbox.provider import FakeProvider
 from tests.acceptance.support import assert_engine_invariants, wait_workers_ready
 from tests.conftest import wait_for
 from tests.console.conftest import ensure_roles, make_user
 from tests.effects.conftest import effects_env
-from tests.fakes.provider import FakeProvider
 from tests.inprocess import drain, run_until
 from workers.models import BudgetUsage, Job, Operation, Pause
 from workers.services import budgets

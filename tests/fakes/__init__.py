@@ -1,6 +1,7 @@
-"""Real stand-ins for the outside world (a payment provider, a priced model API, an SMTP server).
+"""Real stand-ins for the outside world that only the tests need (an SMTP server, a TCP fault proxy).
 
-They run real servers on loopback so Koala's provider clients exercise their real code path
-(sockets, timeouts, status codes, headers). They are fakes of the outside world only: nothing
-here replaces Koala's own code.
+They run real servers on loopback so Koala's clients exercise their real code path (sockets,
+timeouts, status codes, headers). They are fakes of the outside world only: nothing here replaces
+Koala's own code. The payment/model provider lives in devtools/sandbox/provider.py, because
+``make run`` starts it too: the tests and the demo share one outside world.
 """

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from tests.fakes.provider import count_tokens
-from workers.effect_kinds import DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS, _max_tokens, _validate_model_input, token_bound
+from devtools.sandbox.provider import count_tokens
+from effects.kinds import DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS, _max_tokens, _validate_model_input, token_bound
+from effects.providers.http import Endpoint
+from effects.providers.models import ModelsClient
 from workers.models import ModelPrice
-from workers.providers.http import Endpoint
-from workers.providers.models import ModelsClient
 from workers.services.budgets import price_tokens
 
 SAMPLES = {

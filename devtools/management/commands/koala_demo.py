@@ -95,7 +95,7 @@ class Command(BaseCommand):
         An email always (without EMAIL_HOST the console mailer prints it); an order and charge
         below and one above the review threshold when a payment provider is set; a model call
         when a model API is set. The test provider serves both:
-        ``python -m tests.fakes.provider --port 8765 --state .koala-data/provider.jsonl``.
+        ``python -m devtools.sandbox.provider --port 8765 --state .koala-data/provider.jsonl``.
         """
         specs = [
             JobSpec(

@@ -3,7 +3,7 @@
 Configured by ``KOALA_PAYMENTS_URL`` and ``KOALA_PAYMENTS_API_KEY`` (a secret: give it as
 ``KOALA_PAYMENTS_API_KEY_FILE`` in production), ``KOALA_PAYMENTS_TIMEOUT_SECONDS`` and
 ``KOALA_PROVIDER_CONNECT_TIMEOUT_SECONDS``; its lookup honours
-``KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS``. Errors follow workers.providers.http.
+``KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS``. Errors follow effects.providers.http.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from django.conf import settings
 
+from effects.providers.http import Endpoint, JsonClient
 from workers.errors import TerminalFailure
 from workers.operations import Miss, Processing
-from workers.providers.http import Endpoint, JsonClient
 
 
 class PaymentsClient:

@@ -1,6 +1,6 @@
 """Built-in kinds whose work touches the outside world, each step through the operations ledger.
 
-- ``email.send``: one message through Django's mailer (templates in workers/templates/koala/email/).
+- ``email.send``: one message through Django's mailer (templates in effects/templates/koala/email/).
 - ``shop.order_and_charge``: create an order, then charge it, at the payment provider; the
   charge needs a reviewer's approval above 50.00 in the order's currency.
 - ``model.complete``: one priced model call; usage in tokens, cost priced by Koala from ModelPrice,
@@ -25,10 +25,10 @@ from django.core.validators import validate_email
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
+from effects.providers import email, models, payments
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
 from workers.operations import ABSENT, Miss, OperationResult, Processing
-from workers.providers import email, models, payments
 from workers.runtime import JobContext
 from workers.services import budgets
 

@@ -5,7 +5,7 @@ code: sockets, timeouts, status codes, headers. Run it in a thread (``FakeProvid
 ``provider`` fixture in tests/effects/conftest.py) or as a process that worker subprocesses,
 restarts and the demo can share::
 
-    python -m tests.fakes.provider --port 8765 --state /tmp/provider.jsonl [--api-key KEY]
+    python -m devtools.sandbox.provider --port 8765 --state /tmp/provider.jsonl [--api-key KEY]
 
 API (JSON in and out; every POST honours an ``Idempotency-Key`` header)::
 
@@ -76,7 +76,7 @@ from urllib.parse import parse_qs, urlsplit
 # POST path -> resource; GET /v1/<resource> looks objects up.
 RESOURCES = {"/v1/orders": "orders", "/v1/charges": "charges", "/v1/models/complete": "completions"}
 ID_PREFIX = {"orders": "ord", "charges": "ch", "completions": "cmpl"}
-FAULTS = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow", "processing")
+FAULTS: tuple[str, ...] = ("commit_then_timeout", "5xx", "429", "decline", "lookup_disabled", "slow", "processing")
 LOOKUP_WHILE_PROCESSING = ("miss", "processing")
 DEFAULT_MODELS = ("m-small", "m-large")
 # {"fault": "overbill"}: bill a completion 2 input tokens a prompt byte, more than any byte-level

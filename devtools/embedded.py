@@ -1,6 +1,6 @@
 """Run a command with embedded, real PostgreSQL and Redis when DATABASE_URL/REDIS_URL are unset.
 
-    python -m koala.embedded [--data-dir DIR] -- COMMAND [ARGS...]
+    python -m devtools.embedded [--data-dir DIR] -- COMMAND [ARGS...]
 
 With both DATABASE_URL and REDIS_URL set (or their ``*_FILE`` variants) this simply execs
 COMMAND. Otherwise it starts whatever is missing under a data folder (``KOALA_DATA_DIR``,
@@ -57,7 +57,7 @@ MAX_SOCKET_PATH = 100
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
 
-PREFIX = "koala.embedded:"
+PREFIX = "devtools.embedded:"
 
 
 class EmbeddedError(Exception):
@@ -344,7 +344,7 @@ class EmbeddedServices:
         config.write_text(
             "\n".join(
                 [
-                    "# Written by koala.embedded on every start; edits are overwritten.",
+                    "# Written by devtools.embedded on every start; edits are overwritten.",
                     "port 0",
                     f"unixsocket {q(self.redis_socket)}",
                     "unixsocketperm 700",
@@ -543,7 +543,7 @@ def run(command: Sequence[str], data_dir: Path) -> int:
     return status
 
 
-USAGE = "usage: python -m koala.embedded [--data-dir DIR] -- COMMAND [ARGS...]"
+USAGE = "usage: python -m devtools.embedded [--data-dir DIR] -- COMMAND [ARGS...]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

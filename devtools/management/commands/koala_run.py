@@ -2,7 +2,7 @@
 
     manage.py koala_run [--host 127.0.0.1] [--port 8000] [--no-demo]
 
-`make run` calls this through koala.embedded, so it works with nothing but Python. The
+`make run` calls this through devtools.embedded, so it works with nothing but Python. The
 web server, worker and scheduler run as child processes (same environment, each in its
 own process group) with their output prefixed. Ctrl-C or SIGTERM sends SIGTERM to every
 child once, waits for them (the worker finishes or hands back its jobs), kills what is
@@ -93,7 +93,7 @@ class Command(BaseCommand):
             not options["no_sandbox"]
             and "KOALA_SANDBOX_PORT" not in os.environ
             and not (settings.KOALA_PAYMENTS_URL or settings.KOALA_MODELS_URL)
-            and importlib.util.find_spec("tests.fakes.provider") is not None  # a checkout, not a slim deploy
+            and importlib.util.find_spec("devtools.sandbox.provider") is not None  # a checkout, not a slim deploy
         )
         if (wants_sandbox or not debug_configured) and sys.argv[1:2] == ["koala_run"]:
             if not debug_configured:
@@ -134,7 +134,7 @@ class Command(BaseCommand):
         ]
         sandbox_port = os.environ.get("KOALA_SANDBOX_PORT")
         if sandbox_port and not options["no_sandbox"]:
-            # The test suite's loopback provider (idempotency keys, lookups by key), standing in for
+            # The sandbox provider the tests also use (idempotency keys, lookups by key), standing in for
             # a real payment and model API so the demo's charges and model calls complete.
             state = Path(os.environ.get("KOALA_DATA_DIR") or settings.BASE_DIR / ".koala-data") / "sandbox-provider.jsonl"
             state.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ class Command(BaseCommand):
                 0,
                 Child(
                     "sandbox",
-                    [sys.executable, "-m", "tests.fakes.provider", "--port", sandbox_port, "--state", str(state)],
+                    [sys.executable, "-m", "devtools.sandbox.provider", "--port", sandbox_port, "--state", str(state)],
                 ),
             )
         grace = max(MIN_GRACE_SECONDS, float(getattr(settings, "KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0)) + 5.0)
