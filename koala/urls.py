@@ -12,7 +12,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="console:dashboard", permanent=False)),
     path("admin/django-rq/", include("django_rq.urls")),
     # Before admin.site.urls, whose catch-all would otherwise answer these paths.
-    path("admin/console/reviews/", include("reviews.urls")),
+    path("admin/console/reviews/", include("console.review_urls")),
     path("admin/console/", include("console.urls")),
     path("admin/", admin.site.urls),
     path("exports/", include("exports.urls")),

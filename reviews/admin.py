@@ -1,5 +1,5 @@
 """Review requests in the Django admin: read-only history. Decisions are made on the review
-queue (reviews/views.py), where four-eyes is explained and the decision goes through the
+queue (console/views/reviews.py), where four-eyes is explained and the decision goes through the
 audited service."""
 
 from __future__ import annotations
