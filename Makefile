@@ -35,9 +35,10 @@ run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a
 test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
 	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: bootstrap ## ruff check + ruff format --check
+lint: bootstrap ## ruff check + ruff format --check + lint-imports (the import direction, docs/architecture.md)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: bootstrap ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
@@ -82,5 +83,5 @@ clean: ## Remove .venv, caches and the embedded data (.koala-data/: database, Re
 			exit 1; \
 		fi; \
 	done
-	rm -rf $(VENV) .koala-data .pytest_cache .mypy_cache .ruff_cache bench/results
+	rm -rf $(VENV) .koala-data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache bench/results
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
