@@ -186,6 +186,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Static files come from the app itself (no CDN, no extra web server); right after security headers.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the session or a parameter: a NUL would reach PostgreSQL (DataError, 500).
+    "koala.middleware.RejectNulBytesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
