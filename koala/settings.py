@@ -253,6 +253,8 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
+# django-rq's pages are mounted once, by Koala (workers/rq_pages.py), not as an admin model too.
+RQ_SHOW_ADMIN_LINK = False
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
     for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk", "exports"])
