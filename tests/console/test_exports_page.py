@@ -156,6 +156,11 @@ def test_the_admin_export_page_offers_download_only_to_people_the_download_view_
     assert f'href="{url}"' in clients["auditor"].get(change).content.decode()
     # What the others read instead of a link that would answer 404.
     assert "members of acme and superusers" in clients["operator"].get(change).content.decode()
+    # The requester, too, is a link only for people who may open user pages (the roles may not).
+    requester = f'href="/admin/auth/user/{people.alice.pk}/change/"'
+    assert requester not in clients["operator"].get(change).content.decode()
+    assert clients["operator"].get(f"/admin/auth/user/{people.alice.pk}/change/").status_code == 403
+    assert requester in logged_in(people.root).get(change).content.decode()
 
 
 def test_operators_cancel_through_the_export_service(
