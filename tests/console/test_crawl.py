@@ -3,12 +3,15 @@
 Realistic records are made through Koala's own services and runtime (jobs that failed with
 secrets in their messages, operations, reviews, needs-attention, pauses, budgets, exports, a
 registered worker), with secrets of many shapes planted, unique to this run, in declared-
-sensitive input fields and in free text. Then a superuser and each console role log in and
-follow every same-origin link from /admin/ and the console home (breadth first, GET only), and
-also open every object page of every Koala model, the console's per-object pages, every
-export's download and django-rq's pages. Each answer must be 200, 302, 403 or 404 (never 500),
-no body may hold a planted secret, and no page may link a person to a target that then refuses
-them (403) or hides from them (404).
+sensitive input fields and in free text. Then a superuser, each console role and a staff user
+without a role log in and follow every same-origin link from /admin/ and the console home
+(breadth first, GET only), and also open every object page of every Koala model, the console's
+per-object pages, every export's download and django-rq's pages. Each answer must be 200, 302,
+403 or 404, never 500 (an export download may also answer 409, for an export that has not
+succeeded: those downloads are fetched though never linked, and 410 for the one whose object was
+removed from storage); no body may hold a planted secret; and no page may link a person to a
+target that then refuses them (403) or hides from them (404). No generic admin link needs an
+exception to that rule.
 
 Bounds: at most CAP_PER_VIEW distinct URLs (query variants included) are fetched per URL
 pattern in the link-following pass; per-object pages are fetched for every row regardless, so
@@ -231,7 +234,7 @@ class Crawl:
     who: str
     client: Client
     planted: dict[str, str]
-    allowed_extra: dict[str, int]  # URL -> a further status it may answer (the lost export's 410)
+    allowed_extra: dict[str, int]  # URL -> a further status it may answer (export downloads: 409, 410)
     visits: dict[str, Visit] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     capped: set[str] = field(default_factory=set)  # links not fetched: their pattern reached its cap
