@@ -72,7 +72,7 @@ class BulkActionForm(JobActionForm):
         cleaned = super().clean() or {}
         # The ids are whatever the page listed; the service re-checks each job's state.
         raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
-        if any(not str(i).isdigit() for i in raw):
+        if any(not (str(i).isascii() and str(i).isdigit()) for i in raw):  # "²" is a digit to isdigit()
             raise forms.ValidationError("Job ids are numbers.")
         cleaned["ids"] = [int(i) for i in raw]
         if cleaned.get("scope") == "selected" and not cleaned["ids"]:

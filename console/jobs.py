@@ -128,7 +128,7 @@ def filtered_jobs(filters: JobFilter) -> QuerySet[Job]:
         # combined by a BitmapOr.
         term = filters.search.strip()
         match = Q(idempotency_key=term) | Q(trace_id=term) | Q(correlation_id=term)
-        if term.isdigit():
+        if term.isascii() and term.isdigit():  # str.isdigit() alone accepts "²", which int() refuses
             match |= Q(pk=int(term))
         jobs = jobs.filter(match)
     return jobs

@@ -17,3 +17,7 @@ class ExportNotFound(ExportError):
 
 class ExportNotReady(ExportError):
     """The export has not succeeded (yet): there is nothing to download."""
+
+
+class ExportObjectMissing(ExportError):
+    """The export succeeded, but its published object is no longer in storage."""

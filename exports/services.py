@@ -6,6 +6,7 @@ same transaction; a person's download is audited too (a read of customer data).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -16,14 +17,16 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportPermissionDenied
+from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
-from exports.storage import ExportStore, output_key_for
+from exports.storage import ExportStore, ObjectMissing, output_key_for
 from koala.audit import record_audit
 from koala.redaction import redact_text
 from workers.errors import JobStateError
 from workers.models import Job
 from workers.services.jobs import cancel_job, enqueue
+
+log = logging.getLogger("koala.exports")
 
 EXPORT_KIND = "export.csv"
 # Whoever asks: a signed-in user, or anonymous (refused everywhere).
@@ -214,7 +217,14 @@ def open_download(*, export_id: int, user: Person) -> Download:
     export = get_export(export_id=export_id, user=user)
     if export.state != ExportState.SUCCEEDED:
         raise ExportNotReady(f"export {export_id} is {export.state}; only a succeeded export can be downloaded.")
-    handle = ExportStore().open_final(export.output_key)
+    try:
+        handle = ExportStore().open_final(export.output_key)
+    except ObjectMissing:
+        log.error("export %s succeeded, but its object %s is missing from storage", export_id, export.output_key)
+        raise ExportObjectMissing(
+            f"export {export_id} succeeded on {export.finished_at:%Y-%m-%d}, but its file is no longer in storage "
+            "(removed or expired); request a new export of the same range."
+        ) from None
     record_audit(
         actor=_username(user),
         action="export.download",

@@ -32,6 +32,10 @@ class ObjectExists(Exception):
     """The final key already holds an object; publishing never replaces one."""
 
 
+class ObjectMissing(Exception):
+    """The key holds no object (it was never written, or storage lost or deleted it)."""
+
+
 @dataclass(frozen=True)
 class Digest:
     sha256: str
@@ -135,7 +139,15 @@ class ExportStore:
         return [f"{prefix}/{name}" for name in files]
 
     def open_final(self, key: str) -> IO[bytes]:
-        return cast(IO[bytes], self.storage.open(key, "rb"))
+        """The published object, open for reading; ObjectMissing when storage no longer has it."""
+        if not self.local and not self.storage.exists(key):
+            # A remote storage's open() is lazy (S3 fetches on the first read, in the middle of
+            # the response): ask first, so a missing object is an answer, not a broken download.
+            raise ObjectMissing(key)
+        try:
+            return cast(IO[bytes], self.storage.open(key, "rb"))
+        except FileNotFoundError:
+            raise ObjectMissing(key) from None
 
 
 def _private_dirs(path: str) -> None:

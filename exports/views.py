@@ -6,7 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.http import require_GET
 
-from exports.errors import ExportNotFound, ExportNotReady, ExportPermissionDenied
+from exports.errors import ExportNotFound, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.services import open_download
 
 
@@ -21,6 +21,9 @@ def download(request: HttpRequest, export_id: int) -> HttpResponseBase:
         raise Http404("no such export") from None
     except ExportNotReady as exc:
         return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
+    except ExportObjectMissing as exc:
+        # Only people who may download it get here: telling them it is gone reveals nothing.
+        return HttpResponse(str(exc), status=410, content_type="text/plain; charset=utf-8")
     response = FileResponse(found.handle, as_attachment=True, filename=found.filename, content_type="text/csv; charset=utf-8")
     response["Content-Length"] = str(found.size)
     response["X-Content-SHA256"] = found.checksum  # lets a client verify what it received

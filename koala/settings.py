@@ -188,6 +188,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Static files come from the app itself (no CDN, no extra web server); right after security headers.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the session or a parameter: a NUL would reach PostgreSQL (DataError, 500).
+    "koala.middleware.RejectNulBytesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -253,6 +255,8 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
+# django-rq's pages are mounted once, by Koala (workers/rq_pages.py), not as an admin model too.
+RQ_SHOW_ADMIN_LINK = False
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
     for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk", "exports"])

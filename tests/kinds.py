@@ -265,3 +265,25 @@ def _steady_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 job_kind("tests.steady", version=1, queue="default", max_attempts=3, timeout_seconds=60)(_steady_body)
+
+
+def _leaky_body(ctx: JobContext, data: dict[str, Any]) -> None:
+    """Repeats what it was given everywhere a careless body would (tests/console/test_crawl.py):
+    an operation's parameters, target and result, and the error message it fails with."""
+    from workers.operations import OperationResult
+
+    note, code = data["note"], data["customer_code"]
+    ctx.operation(
+        "notify",
+        kind="email",
+        params={"note": note, "customer_code": code},
+        perform=lambda key: OperationResult(external_id=f"msg-{ctx.job_id}", data={"echo": note, "code": code}),
+        reconcile=None,
+        target=note,
+    )
+    raise ValueError(f"upstream refused customer {code}: {note}")
+
+
+job_kind("tests.leaky", version=1, queue="default", max_attempts=1, timeout_seconds=30, sensitive_fields={"customer_code"})(
+    _leaky_body
+)

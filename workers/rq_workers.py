@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -80,6 +81,28 @@ LISTEN_SECONDS = 5
 
 class WorkerNameInUse(Exception):
     """Another live process holds this worker name."""
+
+
+class InvalidWorkerName(ValueError):
+    """A worker name that django-rq's pages could not link to, or the database could not hold."""
+
+
+# What a worker name may hold: the characters of host names and systemd instance names. Not
+# "/" (django-rq's worker URL takes the name as one path segment: its worker list would fail
+# to draw), ":" (a name must not read as a Redis key, "rq:worker:<name>"), spaces, control
+# characters or NUL; at most WorkerProcess.name's 200 characters.
+WORKER_NAME = re.compile(r"[A-Za-z0-9._@+-]{1,200}")
+
+
+def check_worker_name(name: str) -> str | None:
+    """What is wrong with ``name`` as a worker name, or None."""
+    if WORKER_NAME.fullmatch(name):
+        return None
+    shown = name if len(name) <= 60 else name[:60] + "…"
+    return (
+        f"invalid worker name {shown!r} ({len(name)} characters): use 1 to 200 letters, digits "
+        "and . _ - @ + (it names the worker in Redis, in django-rq's page addresses and in the database)"
+    )
 
 
 def _exit_entry(at: Any, exit: WorkerExit, pid: int, detail: str) -> dict[str, Any]:
@@ -211,6 +234,9 @@ class KoalaWorkerMixin:
         return min(int(super().dequeue_timeout), LISTEN_SECONDS)  # type: ignore[misc]
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
+        problem = check_worker_name(self.name)  # type: ignore[attr-defined]
+        if problem:  # before anything is recorded under it, in PostgreSQL or Redis
+            raise InvalidWorkerName(problem)
         # A pool forks its workers from a parent that may hold connections.
         for conn in connections.all(initialized_only=True):
             conn.close()

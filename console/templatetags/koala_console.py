@@ -20,8 +20,10 @@ def koala_pause_banner(context: template.Context) -> dict[str, Any]:
     """Every admin page says what is paused (R6): one indexed query on live pauses."""
     request: HttpRequest | None = context.get("request")
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated or not user.is_staff:
-        return {"pauses": []}  # nothing about the system leaks to the login page
+    if user is None or not user.is_authenticated or not user.is_staff or not user.has_perm("console.view_operations"):
+        # Nothing about the system leaks to the login page, nor to staff without a console role
+        # (the banner's link leads to the pause page, which refuses them).
+        return {"pauses": []}
     return {"pauses": active_pauses(), "can_operate": user.has_perm("console.operate")}
 
 

@@ -11,7 +11,8 @@ from console.views.base import render_console
 def dashboard(request: HttpRequest) -> HttpResponse:
     # Auto-refresh is a plain <meta refresh> (no JavaScript), bounded to sane intervals.
     refresh = request.GET.get("refresh", "")
-    seconds = int(refresh) if refresh.isdigit() and 5 <= int(refresh) <= 300 else None
+    # isascii: str.isdigit() also accepts digits int() refuses ("²").
+    seconds = int(refresh) if refresh.isascii() and refresh.isdigit() and 5 <= int(refresh) <= 300 else None
     return render_console(
         request, "console/dashboard.html", title="Operations dashboard", board=build_dashboard(), refresh=seconds
     )

@@ -137,6 +137,32 @@ def test_download_is_offered_only_to_people_the_export_services_let_download(
         assert download_url(failed) not in client.get(PAGE).content.decode()
 
 
+def test_the_admin_export_page_offers_download_only_to_people_the_download_view_allows(
+    succeeded: Export, people: People, clients: dict[str, Client], role_users: dict[str, User]
+) -> None:
+    """The admin's export page (read-only for every role) follows the same rule as the console's."""
+    url = download_url(succeeded)
+    change = f"/admin/exports/export/{succeeded.pk}/change/"
+    grant_account_access(account_id=people.acme.pk, username="aude", actor="setup")
+    viewers = {"olga": clients["operator"], "rita": clients["reviewer"], "aude": clients["auditor"]}
+    viewers["root"] = logged_in(people.root)
+    for name, client in viewers.items():
+        page = client.get(change)
+        assert page.status_code == 200, name
+        offered = f'href="{url}"' in page.content.decode()
+        allowed = client.get(url).status_code == 200
+        assert offered == allowed, (name, offered, allowed)
+    assert f'href="{url}"' not in clients["operator"].get(change).content.decode()
+    assert f'href="{url}"' in clients["auditor"].get(change).content.decode()
+    # What the others read instead of a link that would answer 404.
+    assert "members of acme and superusers" in clients["operator"].get(change).content.decode()
+    # The requester, too, is a link only for people who may open user pages (the roles may not).
+    requester = f'href="/admin/auth/user/{people.alice.pk}/change/"'
+    assert requester not in clients["operator"].get(change).content.decode()
+    assert clients["operator"].get(f"/admin/auth/user/{people.alice.pk}/change/").status_code == 403
+    assert requester in logged_in(people.root).get(change).content.decode()
+
+
 def test_operators_cancel_through_the_export_service(
     people: People, clients: dict[str, Client], role_users: dict[str, User], redis_clean: None
 ) -> None:

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from exports.errors import ExportError, ExportNotReady, ExportPermissionDenied
+from exports.errors import ExportError, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import Export, ExportState
 from exports.services import cancel_export, get_export, open_download, request_export, settle_exports
 from koala.models import AuditEvent
@@ -82,6 +82,28 @@ def test_member_and_superuser_download_the_published_object(
     assert f'filename="acme-2026-01-01-2026-12-31-export-{done.pk}.csv"' in response["Content-Disposition"]
     audit = AuditEvent.objects.get(action="export.download")
     assert (audit.actor, audit.target_id) == (who, str(done.pk))
+
+
+@pytest.mark.parametrize("who", ["alice", "root"])
+def test_a_published_export_whose_object_is_gone_answers_410(
+    people: People, export_root: Path, redis_clean: None, who: str
+) -> None:
+    """Storage lost the object (deleted by hand, a bucket lifecycle rule): a clear 410, never a 500."""
+    load_events(people.acme, rows=500)
+    done = drain_exports(request(people).pk)
+    (export_root / done.output_key).unlink()
+    client = Client(raise_request_exception=False)
+    client.force_login(getattr(people, who))
+    response = download(client, done)
+    assert response.status_code == 410, response.status_code
+    text = response.content.decode()
+    assert f"export {done.pk}" in text and "no longer in storage" in text and "request a new export" in text
+    assert not AuditEvent.objects.filter(action="export.download").exists(), "nothing was read"
+    with pytest.raises(ExportObjectMissing):
+        open_download(export_id=done.pk, user=getattr(people, who))
+    # An outsider still learns nothing: the same 404 as for any export not theirs.
+    client.force_login(people.mallory)
+    assert download(client, done).status_code == 404
 
 
 def test_download_of_an_unfinished_export_is_refused(people: People, export_root: Path, redis_clean: None) -> None:
