@@ -42,7 +42,7 @@ from exports.streaming import CopyReader, StreamError
 from koala.redaction import redact_text
 from workers.errors import Declined, NotPerformed, OutcomeUnknown, Retryable, TerminalFailure
 from workers.kinds import job_kind
-from workers.operations import ABSENT, OperationResult
+from workers.ledger import ABSENT, OperationResult
 from workers.runtime import JobContext
 from workers.services import leases
 

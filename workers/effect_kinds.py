@@ -27,7 +27,7 @@ from django.template.loader import get_template
 
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
-from workers.operations import ABSENT, Miss, OperationResult, Processing
+from workers.ledger import ABSENT, Miss, OperationResult, Processing
 from workers.providers import email, models, payments
 from workers.runtime import JobContext
 from workers.services import budgets

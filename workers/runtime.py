@@ -120,12 +120,12 @@ class JobContext:
             raise Paused("a stop-mode pause covers this job")
 
     def operation(self, name: str, **options: Any) -> dict[str, Any]:
-        """Run one outbound side effect through the operations ledger (see workers.operations).
+        """Run one outbound side effect through the operations ledger (see workers.ledger).
 
         Returns the result's data; a re-run after success returns the stored data without
         calling out. Raises Park (review, needs attention, budget) for the runtime to handle.
         """
-        from workers.operations import run_operation
+        from workers.ledger import run_operation
 
         self.checkpoint()
         return run_operation(self, name, **options)

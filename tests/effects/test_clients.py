@@ -19,7 +19,7 @@ from tests.effects.conftest import PROVIDER_API_KEY
 from tests.fakes.provider import FakeProvider, ProviderControl
 from tests.fakes.smtp import SmtpSink, free_port
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 from workers.providers import email, models, payments
 from workers.providers.http import retry_after_seconds
 

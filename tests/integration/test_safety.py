@@ -24,7 +24,7 @@ from tests.kinds import world_effects
 from workers import kinds
 from workers.errors import OperationMismatch, SafetyError, StaleAttempt
 from workers.models import Budget, BudgetUsage, Job, Operation, Pause
-from workers.operations import OperationResult
+from workers.ledger import OperationResult
 from workers.runtime import JobContext, get_runtime
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import BudgetExhausted

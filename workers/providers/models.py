@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from workers.errors import TerminalFailure
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 from workers.providers.http import Endpoint, JsonClient
 
 MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of a call's bound

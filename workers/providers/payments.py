@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 
 from workers.errors import TerminalFailure
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 from workers.providers.http import Endpoint, JsonClient
 
 
