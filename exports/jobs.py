@@ -40,10 +40,10 @@ from exports.signals import export_batch, export_phase
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for
 from exports.streaming import CopyReader, StreamError
 from koala.redaction import redact_text
+from workers.context import JobContext
 from workers.errors import Declined, NotPerformed, OutcomeUnknown, Retryable, TerminalFailure
 from workers.kinds import job_kind
 from workers.ledger import ABSENT, OperationResult
-from workers.runtime import JobContext
 from workers.services import leases
 
 # The output's timestamps and dates must not depend on the server's or the role's defaults.

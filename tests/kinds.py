@@ -11,10 +11,10 @@ import os
 import time
 from typing import Any
 
+from workers.context import JobContext
 from workers.errors import Retryable, TerminalFailure
 from workers.kinds import job_kind
 from workers.models import Delivery
-from workers.runtime import JobContext
 
 
 def effect(path: str, line: str) -> None:

@@ -25,11 +25,11 @@ from django.core.validators import validate_email
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
+from workers.context import JobContext
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
 from workers.ledger import ABSENT, Miss, OperationResult, Processing
 from workers.providers import email, models, payments
-from workers.runtime import JobContext
 from workers.services import budgets
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from workers.services import budgets, leases
 from workers.services.budgets import BudgetExhausted
 
 if TYPE_CHECKING:
-    from workers.runtime import JobContext
+    from workers.context import JobContext
 
 log = logging.getLogger("koala.operations")
 
