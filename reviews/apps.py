@@ -2,6 +2,13 @@ from django.apps import AppConfig
 
 
 class ReviewsConfig(AppConfig):
-    # The review queue (issue 3/5) lives here; this app is the home it will fill.
     name = "reviews"
     verbose_name = "Reviews"
+
+    def ready(self) -> None:
+        # The engine asks this app before a critical operation, through its hooks registry
+        # (workers.hooks): it never imports reviews itself.
+        from reviews.gate import ReviewQueueGate
+        from workers import hooks
+
+        hooks.register_review_gate(ReviewQueueGate())
