@@ -102,6 +102,18 @@ class JobContext:
             raise StaleAttempt(rejection)
         self.last_beat_at = time.monotonic()
 
+    def hold_lease(self) -> None:
+        """The strict fence, for a write to a table other than the job's: lock this attempt's job
+        row until the current transaction ends, or raise StaleAttempt (and stop the body).
+
+        Call it first inside the ``transaction.atomic()`` that writes (the ledger, export records
+        and budget reservations do): while it holds, no reclaim, requeue or cancel can change the
+        job, so the write commits only for the attempt that owns it (leases.hold_lease)."""
+        rejection = leases.hold_lease(job_id=self.job_id, lease_token=self.lease.lease_token)
+        if rejection is not None:
+            self.reject(rejection)
+            raise StaleAttempt(rejection)
+
     def checkpoint(self) -> None:
         """Raise StaleAttempt if this attempt may no longer act, Paused if a stop pause covers it."""
         if self.rejection is not None:
