@@ -16,7 +16,7 @@ RUN_ARGS    ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run test lint format typecheck bench bench-exports bench-scale requirements clean
+.PHONY: help bootstrap run test unit lint format typecheck bench bench-exports bench-scale requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -34,6 +34,12 @@ run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a
 
 test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
 	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tier needs no database or Redis (tests/unit/conftest.py refuses any test that asks
+# for one); the settings only need well-formed URLs, so placeholders do when they are unset.
+unit: bootstrap ## Run the database-free unit tier (tests/unit)
+	DATABASE_URL="$${DATABASE_URL:-postgres://localhost/unit-tests-use-no-database}" REDIS_URL="$${REDIS_URL:-redis://localhost:6379/0}" \
+		$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff check + ruff format --check + lint-imports (the import direction, docs/architecture.md)
 	$(VENV)/bin/ruff check .

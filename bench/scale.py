@@ -416,6 +416,7 @@ def main() -> None:
     from redis import Redis
 
     from console.jobs import COUNT_CAP
+    from workers import sql
     from workers.models import Job
     from workers.services import budgets, leases, maintenance
 
@@ -465,7 +466,7 @@ def main() -> None:
 
     if not args.only_dashboard:
         before = timed(dispatch_statement(OLD_DISPATCH_SQL), args.before_reps) if args.before_reps else None
-        rows.append(("engine", "dispatch statement", timed(dispatch_statement(maintenance._DISPATCH_SQL), args.reps), before))
+        rows.append(("engine", "dispatch statement", timed(dispatch_statement(sql.DISPATCH_DUE), args.reps), before))
         rows.append(
             ("engine", "dispatch (maintenance.dispatch, with the Redis ring)", timed(maintenance.dispatch, args.reps), None)
         )

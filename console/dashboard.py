@@ -142,7 +142,7 @@ def _queue_names(extra: Iterable[str]) -> list[str]:
 SAMPLE = 2_000
 
 # The queues that hold any job, walked on job_queue_state_list_idx (queue leading) one queue
-# at a time, as the dispatcher's _DISPATCH_SQL does, instead of a DISTINCT over the table.
+# at a time, as the dispatcher's workers.sql.DISPATCH_DUE does, instead of a DISTINCT over the table.
 _QUEUES_CTE = """
 WITH RECURSIVE queues(queue) AS (
     (SELECT queue FROM workers_job ORDER BY queue LIMIT 1)
@@ -156,7 +156,7 @@ WITH RECURSIVE queues(queue) AS (
 # (depth, running, parked: queue and state lead it) or job_queued_due_idx (due: queue, then
 # scheduled_at <= now); the oldest due job is the first entry of that same range.
 _LIVE_SQL = (
-    _QUEUES_CTE
+    _QUEUES_CTE  # noqa: S608 (a constant CTE in front of a constant query; values are bound)
     + """
 SELECT q.queue,
     (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = q.queue LIMIT %(cap)s) t),

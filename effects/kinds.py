@@ -26,10 +26,10 @@ from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
 from effects.providers import email, models, payments
+from workers.context import JobContext
 from workers.errors import TerminalFailure
 from workers.kinds import job_kind
-from workers.operations import ABSENT, Miss, OperationResult, Processing
-from workers.runtime import JobContext
+from workers.ledger import ABSENT, Miss, OperationResult, Processing
 from workers.services import budgets
 
 if TYPE_CHECKING:

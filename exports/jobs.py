@@ -40,11 +40,10 @@ from exports.signals import export_batch, export_phase
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for
 from exports.streaming import CopyReader, StreamError
 from koala.redaction import redact_text
+from workers.context import JobContext
 from workers.errors import Declined, NotPerformed, OutcomeUnknown, Retryable, TerminalFailure
 from workers.kinds import job_kind
-from workers.operations import ABSENT, OperationResult
-from workers.runtime import JobContext
-from workers.services import leases
+from workers.ledger import ABSENT, OperationResult
 
 # The output's timestamps and dates must not depend on the server's or the role's defaults.
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle": "iso_8601"}
@@ -344,16 +343,15 @@ class ExportAttempt:
     def _fenced(self, **fields: Any) -> None:
         """Update the export row only while this attempt holds the job's live lease.
 
-        The strict fence (leases.hold_lease) locks the job row in the same transaction, so the
-        export record can never be written by an attempt whose job was reclaimed meanwhile.
+        The engine's strict fence (ctx.hold_lease) locks the job row in the same transaction, so
+        the export record can never be written by an attempt whose job was reclaimed meanwhile: a
+        stale attempt gets StaleAttempt with the engine's reason and writes nothing.
         """
         with self.ctx.waiting("db"), transaction.atomic():
-            if leases.hold_lease(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token) is not None:
-                updated = 0
-            else:
-                updated = Export.objects.filter(pk=self.export_id, state__in=[ExportState.QUEUED, ExportState.RUNNING]).update(
-                    **fields, updated_at=timezone.now()
-                )
+            self.ctx.hold_lease()
+            updated = Export.objects.filter(pk=self.export_id, state__in=[ExportState.QUEUED, ExportState.RUNNING]).update(
+                **fields, updated_at=timezone.now()
+            )
         if updated == 1:
             return
         self.ctx.heartbeat()  # raises StaleAttempt with the engine's reason if the lease is gone

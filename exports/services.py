@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
+from exports.query import SETTLE_EXPORTS, SETTLE_EXPORTS_BY_ID
 from exports.storage import ExportStore, ObjectMissing, output_key_for
 from koala.audit import record_audit
 from koala.redaction import redact_text
@@ -243,21 +244,11 @@ def open_download(*, export_id: int, user: Person) -> Download:
 def settle_exports(*, export_ids: list[int] | None = None) -> int:
     """Copy outcomes the engine decided on its own (attempts exhausted, orphaned, a job cancelled
     with koala_cancel) into their exports. One conditional UPDATE; safe to run anywhere, any time."""
-    only = "AND e.id = ANY(%(ids)s)" if export_ids is not None else ""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE exports_export e
-            SET state = j.state,
-                failure_code = CASE WHEN j.state = 'failed' THEN COALESCE(j.failure_reason, 'failed') ELSE '' END,
-                error_message = LEFT(j.error_message, 500),
-                finished_at = COALESCE(j.finished_at, now()),
-                updated_at = now()
-            FROM workers_job j
-            WHERE e.job_id = j.id AND e.state IN ('queued', 'running') AND j.state IN ('failed', 'cancelled') {only}
-            """,
-            {"ids": export_ids},
-        )
+        if export_ids is None:
+            cursor.execute(SETTLE_EXPORTS)
+        else:
+            cursor.execute(SETTLE_EXPORTS_BY_ID, {"ids": export_ids})
         return cursor.rowcount
 
 

@@ -2,8 +2,6 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from workers import rq_pages
-
 admin.site.site_header = "Koala"
 admin.site.site_title = "Koala admin"
 admin.site.index_title = "Jobs, workers and reviews"
@@ -13,7 +11,7 @@ admin.site.site_url = "/admin/console/"
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="console:dashboard", permanent=False)),
     # django-rq's pages, as Koala mounts them (superusers; a worker page that works): workers/rq_pages.py.
-    path("admin/django-rq/", include((rq_pages.urlpatterns, "django_rq"))),
+    path("admin/django-rq/", include(("workers.rq_pages", "django_rq"))),
     # Before admin.site.urls, whose catch-all would otherwise answer these paths.
     path("admin/console/reviews/", include("console.review_urls")),
     path("admin/console/", include("console.urls")),

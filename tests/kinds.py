@@ -11,10 +11,10 @@ import os
 import time
 from typing import Any
 
+from workers.context import JobContext
 from workers.errors import Retryable, TerminalFailure
 from workers.kinds import job_kind
 from workers.models import Delivery
-from workers.runtime import JobContext
 
 
 def effect(path: str, line: str) -> None:
@@ -144,7 +144,7 @@ def _world_charge(path: str, key: str, amount: int) -> None:
 
 
 def _world_lookup(path: str, key: str) -> Any:
-    from workers.operations import ABSENT, OperationResult
+    from workers.ledger import ABSENT, OperationResult
 
     found = world_effects(path, key)
     if not found:
@@ -163,7 +163,7 @@ def _marker(path: str, name: str) -> bool:
 
 def _charge_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     from workers.errors import Declined, NotPerformed, OutcomeUnknown
-    from workers.operations import OperationResult
+    from workers.ledger import OperationResult
 
     world = data["world"]
     amount = int(open(data["amount_file"]).read().strip()) if "amount_file" in data else int(data.get("amount", 100))
@@ -222,7 +222,7 @@ job_kind(
 
 def _spend_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     """A priced call of fixed estimate: for budget tests (several run at once in several workers)."""
-    from workers.operations import OperationResult
+    from workers.ledger import OperationResult
 
     world = data["world"]
 
@@ -270,7 +270,7 @@ job_kind("tests.steady", version=1, queue="default", max_attempts=3, timeout_sec
 def _leaky_body(ctx: JobContext, data: dict[str, Any]) -> None:
     """Repeats what it was given everywhere a careless body would (tests/console/test_crawl.py):
     an operation's parameters, target and result, and the error message it fails with."""
-    from workers.operations import OperationResult
+    from workers.ledger import OperationResult
 
     note, code = data["note"], data["customer_code"]
     ctx.operation(

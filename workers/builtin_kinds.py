@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from workers import doorbell
+from workers.context import JobContext
 from workers.errors import Retryable, TerminalFailure
 from workers.kinds import job_kind
-from workers.runtime import JobContext
 
 
 @job_kind("noop", version=1, queue="default", max_attempts=3, timeout_seconds=30)

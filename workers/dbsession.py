@@ -27,6 +27,8 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
+from workers import sql
+
 
 def _ms(seconds: float) -> str:
     return f"{max(int(seconds * 1000), 1)}ms"
@@ -47,8 +49,7 @@ def apply_bounds(connection: BaseDatabaseWrapper) -> None:
     bounds = session_bounds()
     with connection.connection.cursor() as cursor:  # the raw cursor: no Django wrapping, no recursion
         cursor.execute(
-            "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false), "
-            "set_config('idle_in_transaction_session_timeout', %s, false)",
+            sql.SESSION_BOUNDS,
             [bounds["statement_timeout"], bounds["lock_timeout"], bounds["idle_in_transaction_session_timeout"]],
         )
 

@@ -22,7 +22,7 @@ from workers.errors import EnqueueError
 from workers.models import Delivery
 
 if TYPE_CHECKING:
-    from workers.runtime import JobContext
+    from workers.context import JobContext
 
 Body = Callable[["JobContext", dict[str, Any]], Any]
 InputValidator = Callable[[dict[str, Any]], None]

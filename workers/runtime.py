@@ -1,9 +1,14 @@
-"""The worker runtime: the RQ entry, the job context and the heartbeat thread.
+"""The worker runtime: the RQ entry, the alarms, the heartbeat thread, and recording how attempts end.
 
 An RQ message is a doorbell naming one job. ``deliver`` claims that job (a
 duplicate delivery finds it taken and does nothing), runs it, then claims and
 runs a bounded batch of further due jobs from PostgreSQL before returning to RQ.
 RQ's own Retry is never used: retries are database state (scheduled_at).
+
+Each attempt ends in three steps (docs/engine.md, "How an attempt ends"): ``_run_body`` says
+how the body ended (an ``outcomes`` ending), ``outcomes.decide`` picks the one lease
+transition that records it, and ``_report`` — the only writer — performs it. The body API
+(``ctx``) is workers.context.
 """
 
 from __future__ import annotations
@@ -16,156 +21,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
-from django.utils import timezone
 
-from koala.redaction import redact_text, sensitive_values
-from workers import doorbell, kinds
-from workers.errors import (
-    AttemptTimeout,
-    Interrupted,
-    Park,
-    Paused,
-    ReconcileLater,
-    Rejection,
-    Retryable,
-    StaleAttempt,
-    TerminalFailure,
-)
-from workers.models import Attempt, Delivery, FailureReason, Operation, Outcome, operation_key_base
+from workers import doorbell, kinds, outcomes
+from workers.context import JobContext
+from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
+from workers.models import Attempt, Outcome
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
 
 log = logging.getLogger("koala.worker")
-
-UNSERVABLE_MAX_DELAY = 30.0  # seconds; a job nobody here serves is retried at most this rarely
-
-
-class JobContext:
-    """What a body gets besides its input: signals, checkpoints, state and usage.
-
-    ``cancelled`` is set when the lease is lost, the job is cancelled, a stop-mode pause
-    covers it, or the run's time is up; a long body should call ``checkpoint()`` between
-    steps, which raises the right exception for the runtime to act on.
-    """
-
-    def __init__(self, lease: Lease, kind: kinds.JobKind, runtime: WorkerRuntime) -> None:
-        self.lease = lease
-        self.kind = kind
-        self.job_id = lease.job_id
-        self.attempt_id = lease.attempt_id
-        self.created_by = lease.created_by
-        self.attempt = lease.attempts
-        self.input = lease.input
-        self.run_state = lease.run_state
-        self.previous_progress = lease.progress
-        self.correlation_id = lease.correlation_id
-        self.trace_id = lease.trace_id
-        # Stable across retries of this job, and carried by an operator retry from its original
-        # (Job.operation_key_base): the idempotency key for outbound calls, so a retry's steps
-        # find the original's ledger rows and can never send an effect twice.
-        self.idempotency_key = operation_key_base(
-            job_id=lease.job_id, idempotency_key=lease.idempotency_key, carried=lease.operation_key_base
-        )
-        self.worker_name = runtime.name
-        self.cancelled = threading.Event()
-        self.shutting_down = runtime.shutdown_requested
-        self.rejection: Rejection | None = None
-        self.state_delta: dict[str, Any] = {}
-        self.usage: dict[str, float] = {}
-        self.waits = {"db": 0.0, "storage": 0.0}
-        self._pending_progress: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-        self._runtime = runtime
-        now = time.monotonic()
-        self.time_limit_at: float | None = now + lease.timeout_seconds
-        self.deadline_at: float | None = now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
-        self.stale_stop_at: float | None = None
-        self.paused = False  # a stop-mode pause covers this job: release it at the next safe point
-        self.pause_stop_at: float | None = None
-        self.last_beat_at = now
-
-    # -- body API ----------------------------------------------------------------
-    def progress(self, **checkpoint: Any) -> None:
-        """Store a checkpoint with the next heartbeat (a retry finds it in previous_progress)."""
-        with self._lock:
-            self._pending_progress = checkpoint
-
-    def heartbeat(self) -> None:
-        """Heartbeat now (e.g. between long batches) and raise StaleAttempt if the lease is gone."""
-        self._runtime.beat(self)
-        self.checkpoint()
-
-    def confirm_lease(self) -> None:
-        """Renew the lease now and raise StaleAttempt if it is gone (the ledger calls this right
-        before each outbound call). A database error propagates: without a confirmed lease
-        nothing may be sent."""
-        rejection = leases.heartbeat(
-            job_id=self.job_id, lease_token=self.lease.lease_token, lease_seconds=self._runtime.lease_seconds
-        )
-        if rejection is not None:
-            self.reject(rejection)
-            raise StaleAttempt(rejection)
-        self.last_beat_at = time.monotonic()
-
-    def checkpoint(self) -> None:
-        """Raise StaleAttempt if this attempt may no longer act, Paused if a stop pause covers it."""
-        if self.rejection is not None:
-            raise StaleAttempt(self.rejection)
-        if self.paused:
-            raise Paused("a stop-mode pause covers this job")
-
-    def operation(self, name: str, **options: Any) -> dict[str, Any]:
-        """Run one outbound side effect through the operations ledger (see workers.operations).
-
-        Returns the result's data; a re-run after success returns the stored data without
-        calling out. Raises Park (review, needs attention, budget) for the runtime to handle.
-        """
-        from workers.operations import run_operation
-
-        self.checkpoint()
-        return run_operation(self, name, **options)
-
-    def operation_key(self, name: str) -> str:
-        """The default key of step ``name``: stable across retries, unique per job and step."""
-        return f"{self.idempotency_key}:{name}"
-
-    def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:
-        """The stored ledger row of step ``name`` (any state), e.g. the params of a crashed publish."""
-        return Operation.objects.filter(key=key or self.operation_key(name)).first()
-
-    def set_state(self, **delta: Any) -> None:
-        """Top-level keys merged into the run's state when the attempt completes."""
-        self.state_delta.update(delta)
-
-    def add_usage(self, **amounts: float) -> None:
-        for key, amount in amounts.items():
-            self.usage[key] = self.usage.get(key, 0) + amount
-
-    @contextmanager
-    def waiting(self, what: str) -> Iterator[None]:
-        """Attribute the time inside to ``db`` or ``storage`` wait instead of compute."""
-        if what not in self.waits:
-            raise ValueError("waiting() takes 'db' or 'storage'")
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.waits[what] += time.monotonic() - started
-
-    # -- runtime side ------------------------------------------------------------
-    def take_progress(self) -> dict[str, Any] | None:
-        with self._lock:
-            pending, self._pending_progress = self._pending_progress, None
-        return pending
-
-    def reject(self, rejection: Rejection) -> None:
-        self.rejection = rejection
-        self.cancelled.set()
 
 
 class WorkerRuntime:
@@ -310,50 +180,17 @@ class WorkerRuntime:
 
     # -- running jobs ------------------------------------------------------------
     def run(self, lease: Lease) -> None:
+        """Run one claimed attempt to its end, then record that end: ending → decide → _report."""
         kind = kinds.get(lease.kind, lease.version)
         if kind is None:
-            log.info("job %s: %s@%s is not served here; returning it to the queue", lease.job_id, lease.kind, lease.version)
             # Back off while no worker serving it shows up (an old worker alone during a deploy),
             # so the attempt log grows by a few rows per minute, not one per second.
             earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
-            delay = min(UNSERVABLE_MAX_DELAY, 0.5 * 2**earlier)
-            self._report(
-                lease,
-                Outcome.UNSERVABLE,
-                leases.release,
-                outcome=Outcome.UNSERVABLE,
-                message=f"worker {self.name} does not serve {lease.kind}@{lease.version}",
-                delay_seconds=delay,
-            )
+            self._report(lease, outcomes.decide(outcomes.Unservable(worker=self.name, earlier=earlier), lease, None))
             return
         ctx = JobContext(lease, kind, self)
-        secrets = sensitive_values(lease.input, sensitive=kind.sensitive_fields)
         started = time.monotonic()
-        outcome: tuple[str, Any] = ("ok", None)
-        try:
-            with self._alarm_lock:
-                self.current = ctx
-                self._in_body = True
-            self._rearm()
-            try:
-                outcome = ("ok", kind.body(ctx, dict(lease.input)))
-            finally:
-                with self._alarm_lock:
-                    self._in_body = False
-                    if self._alarm_enabled:
-                        signal.setitimer(signal.ITIMER_REAL, 0)
-        except Interrupted as exc:
-            outcome = ("interrupted", exc.why)
-        except Paused:
-            outcome = ("paused", None)
-        except Park as exc:
-            outcome = ("park", exc)
-        except StaleAttempt as exc:
-            outcome = ("stale", exc.rejection)
-        except Exception as exc:
-            outcome = ("error", exc)
-        finally:
-            self.current = None
+        ending = self._run_body(ctx, kind)
         elapsed = time.monotonic() - started
         report = Report(
             compute_seconds=max(elapsed - ctx.waits["db"] - ctx.waits["storage"], 0.0),
@@ -361,130 +198,80 @@ class WorkerRuntime:
             storage_wait_seconds=ctx.waits["storage"],
             usage=ctx.usage or None,
         )
-        self._settle(ctx, kind, outcome, report, secrets)
+        if isinstance(ending, outcomes.Raised) and ending.classification is outcomes.Classification.CONNECTION_LOST:
+            connection.close()  # the session is broken: the report (or the next job) opens a new one
+        self._report(lease, outcomes.decide(ending, lease, kind, rejected=ctx.rejection), report)
         if lease.budget_usage_ids:
             try:
                 budgets.add_run_seconds(usage_ids=lease.budget_usage_ids, seconds=elapsed)
             except (OperationalError, InterfaceError):
                 connection.close()  # run time is advisory accounting; losing one sample is acceptable
 
-    def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report, secrets: list[str]) -> None:
-        lease = ctx.lease
-        what, value = outcome
-        if ctx.rejection is not None and what != "ok":
-            # The engine already told us this attempt is stale: nothing it says may count.
-            log.info("job %s attempt %s stopped after rejection %s", lease.job_id, ctx.attempt, ctx.rejection.value)
-            return
-        if what == "stale":
-            return
-        if what == "ok":
-            self._report(lease, Outcome.SUCCEEDED, leases.complete, result=value, state_delta=ctx.state_delta, report=report)
-            return
-        if what == "park" and isinstance(value, ReconcileLater):
-            # An operation's outcome is still open and the provider may settle it soon: give the
-            # job back without using an attempt; the ledger bounds how long this goes on.
-            log.info("job %s waits %.1fs to reconcile: %s", lease.job_id, value.delay_seconds, value.detail)
-            self._report(
-                lease,
-                Outcome.INTERRUPTED,
-                leases.release,
-                outcome=Outcome.INTERRUPTED,
-                message=redact_text(value.detail, secrets=secrets),
-                delay_seconds=value.delay_seconds,
-            )
-            return
-        if what == "park":
-            log.info("job %s parked (%s): %s", lease.job_id, value.reason, value.detail)
-            self._report(
-                lease,
-                Outcome.PARKED,
-                leases.park,
-                reason=value.reason,
-                detail=value.detail,
-                parked_on=value.parked_on,
-                report=report,
-            )
-            return
-        if what == "paused":
-            # The body stopped at a safe point (checkpoint): give the job back, no attempt used.
-            self._report(
-                lease, Outcome.INTERRUPTED, leases.release, outcome=Outcome.INTERRUPTED, message="released by a stop pause"
-            )
-            return
-        if what == "interrupted" and value == "paused":
-            value = "shutdown"  # cut off mid-body by a stop pause: exactly the shutdown case below
-        if what == "interrupted" and value == "shutdown" and lease.delivery == Delivery.AT_MOST_ONCE:
-            # The body was cut off mid-way and may already have had its effect. Releasing it
-            # would run it a second time: at_most_once fails instead, as the reaper does.
-            self._report(
-                lease,
-                Outcome.FAILED,
-                leases.fail,
-                reason=FailureReason.ORPHANED,
-                error_class="Interrupted",
-                message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
-                report=report,
-            )
-            return
-        if what == "interrupted" and value == "shutdown":
-            self._report(
-                lease,
-                Outcome.INTERRUPTED,
-                leases.release,
-                outcome=Outcome.INTERRUPTED,
-                message="released at worker shutdown deadline",
-            )
-            return
-        if what == "interrupted" and value == "deadline":
-            error: BaseException = TerminalFailure("the job's overall deadline passed during the attempt")
-            reason = FailureReason.DEADLINE_EXCEEDED
-        elif what == "interrupted":
-            error = AttemptTimeout(f"attempt exceeded its time limit of {lease.timeout_seconds:g}s")
-            reason = FailureReason.FATAL
-        elif isinstance(value, OperationalError | InterfaceError):
-            # The body lost the database (a partition, a session the server ended for idling in
-            # a transaction, a failover): transient by nature, and nothing after it was recorded.
-            error = Retryable(f"database connection lost during the attempt ({type(value).__name__})")
-            reason = FailureReason.FATAL
-            connection.close()
-        else:
-            error = value
-            reason = FailureReason.TERMINAL if isinstance(error, TerminalFailure) else FailureReason.FATAL
-        error_class = type(error).__name__
-        if isinstance(error, TerminalFailure) and error.code != "terminal":
-            error_class = f"{error_class}:{error.code}"
-        message = redact_text(str(error), secrets=secrets)
-        if isinstance(error, Retryable):
-            if lease.attempts < lease.max_attempts:
-                delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts)
-                self._report(
-                    lease,
-                    Outcome.RETRY,
-                    leases.retry_later,
-                    delay_seconds=delay,
-                    error_class=error_class,
-                    message=message,
-                    report=report,
-                )
-                return
-            reason = FailureReason.ATTEMPTS_EXHAUSTED
-        self._report(
-            lease,
-            Outcome.FAILED,
-            leases.fail,
-            reason=reason,
-            error_class=error_class,
-            message=message,
-            report=report,
-        )
+    def _run_body(self, ctx: JobContext, kind: kinds.JobKind) -> outcomes.Ending:
+        """Call the body under the alarms and say how it ended. Nothing here writes."""
+        try:
+            with self._alarm_lock:
+                self.current = ctx
+                self._in_body = True
+            self._rearm()
+            try:
+                value = kind.body(ctx, dict(ctx.lease.input))
+            finally:
+                with self._alarm_lock:
+                    self._in_body = False
+                    if self._alarm_enabled:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+            return outcomes.Returned(value=value, state_delta=ctx.state_delta)
+        except Interrupted as exc:
+            return outcomes.Interrupted(why=outcomes.Cut.named(exc.why))
+        except Paused:
+            return outcomes.StoppedForPause()
+        except ReconcileLater as exc:
+            return outcomes.Reconciling(detail=exc.detail, delay_seconds=exc.delay_seconds)
+        except Park as exc:
+            return outcomes.Parked(reason=exc.reason, detail=exc.detail, parked_on=exc.parked_on)
+        except StaleAttempt as exc:
+            return outcomes.Stale(rejection=exc.rejection)
+        except Exception as exc:
+            return outcomes.Raised.of(exc)
+        finally:
+            self.current = None
 
-    def _report(self, lease: Lease, reporting: str, service: Callable[..., Rejection | None], **fields: Any) -> Rejection | None:
-        """Call a fenced lease service for this attempt, retrying through a dropped connection,
-        and handle each rejection by name."""
+    def _report(self, lease: Lease, decision: outcomes.Decision, report: Report | None = None) -> Rejection | None:
+        """The only writer of an attempt's end: the one fenced lease service call ``decision``
+        names, retried through a dropped connection, each rejection handled by name."""
+        report = report or Report()
+        fence = {"job_id": lease.job_id, "lease_token": lease.lease_token}
+        service: Callable[[], Rejection | None]
+        match decision:
+            case outcomes.Discard(rejection=stale):
+                if stale is not None:
+                    log.info("job %s attempt %s stopped after rejection %s", lease.job_id, lease.attempts, stale.value)
+                return None
+            case outcomes.Complete(result=result, state_delta=state_delta):
+                reporting = Outcome.SUCCEEDED
+                service = partial(leases.complete, **fence, result=result, state_delta=state_delta, report=report)
+            case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
+                reporting = Outcome.RETRY
+                service = partial(
+                    leases.retry_later, **fence, delay_seconds=delay, error_class=error_class, message=message, report=report
+                )
+            case outcomes.Fail(reason=reason, error_class=error_class, message=message):
+                reporting = Outcome.FAILED
+                service = partial(leases.fail, **fence, reason=reason, error_class=error_class, message=message, report=report)
+            case outcomes.Park(reason=reason, detail=detail, parked_on=parked_on):
+                log.info("job %s parked (%s): %s", lease.job_id, reason, detail)
+                reporting = Outcome.PARKED
+                service = partial(leases.park, **fence, reason=reason, detail=detail, parked_on=parked_on, report=report)
+            case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
+                # No report: a released attempt used nothing (its row records only the outcome).
+                log.info("job %s released (%s), due again in %.1fs: %s", lease.job_id, outcome, delay, message)
+                reporting = outcome
+                service = partial(leases.release, **fence, outcome=outcome, message=message, delay_seconds=delay)
         rejection: Rejection | None = None
         for attempt in range(4):
             try:
-                rejection = service(job_id=lease.job_id, lease_token=lease.lease_token, **fields)
+                rejection = service()
                 break
             except (OperationalError, InterfaceError) as exc:
                 # The commit may or may not have happened; the repeat answers already_recorded if it did.

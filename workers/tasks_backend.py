@@ -26,9 +26,9 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from django.utils.timezone import now
 
+from workers.context import JobContext
 from workers.kinds import job_kind
 from workers.models import Job, JobState, Outcome
-from workers.runtime import JobContext
 from workers.services.jobs import enqueue
 
 KIND = "django.task"

@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 
 MAX_PROVIDER_MESSAGE = 300  # characters of a provider's error message kept in ours
 

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from effects.providers.http import Endpoint, JsonClient
 from workers.errors import TerminalFailure
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 
 MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of a call's bound
 

@@ -14,7 +14,7 @@ from django.conf import settings
 
 from effects.providers.http import Endpoint, JsonClient
 from workers.errors import TerminalFailure
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 
 
 class PaymentsClient:

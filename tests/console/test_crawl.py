@@ -42,6 +42,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import Resolver404, resolve, reverse
 
+from devtools.sandbox.provider import FakeProvider
 from exports.models import Export, ExportState
 from exports.services import cancel_export, grant_account_access
 from reviews.models import ReviewRequest
@@ -49,7 +50,6 @@ from reviews.services import approve_review, reject_review
 from tests.acceptance.support import wait_workers_ready
 from tests.console.scenarios import shop, uncertain_charge
 from tests.exports.conftest import People, drain_exports, load_events, request
-from tests.fakes.provider import FakeProvider
 from tests.inprocess import run_until
 from tests.links import page_links
 from workers.models import Budget, Job

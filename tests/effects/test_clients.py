@@ -21,7 +21,7 @@ from tests.conftest import REPO, wait_for
 from tests.effects.conftest import PROVIDER_API_KEY
 from tests.fakes.smtp import SmtpSink, free_port
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.operations import Miss, Processing
+from workers.ledger import Miss, Processing
 
 
 def order(client: payments.PaymentsClient, key: str, amount: int = 1200) -> dict:

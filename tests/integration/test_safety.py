@@ -22,10 +22,11 @@ from reviews.services import approve_review, expire_reviews, reject_review
 from tests.inprocess import drain, run_until
 from tests.kinds import world_effects
 from workers import kinds
+from workers.context import JobContext
 from workers.errors import OperationMismatch, SafetyError, StaleAttempt
+from workers.ledger import OperationResult
 from workers.models import Budget, BudgetUsage, Job, Operation, Pause
-from workers.operations import OperationResult
-from workers.runtime import JobContext, get_runtime
+from workers.runtime import get_runtime
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import BudgetExhausted
 from workers.services.jobs import enqueue, requeue_job

@@ -26,19 +26,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from koala.audit import record_audit
+from workers import sql
 from workers.errors import SafetyError
 from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Pause, PauseMode, PauseSource, Scope
 from workers.services import pauses
 from workers.services.jobs import unpark_jobs
 
 LIMIT_FIELDS = ("spend_limit_minor", "request_limit", "concurrency_limit", "run_seconds_limit", "attempt_limit")
-
-# The WHERE clause that says "budget b applies to a job of this kind, queue and tenant".
-_APPLIES = (
-    "(b.scope = 'global' OR (b.scope = 'queue' AND b.target = %(queue)s) OR (b.scope = 'kind' AND b.target = %(kind)s))"
-    " AND (b.tenant = '' OR b.tenant = %(tenant)s)"
-)
-_PERIOD = "(now() AT TIME ZONE b.timezone)::date"
 
 
 class BudgetExhausted(Exception):
@@ -254,25 +248,12 @@ def _params(kind: str, queue: str, tenant: str) -> dict[str, Any]:
 
 def applicable(*, kind: str, queue: str, tenant: str) -> list[Budget]:
     """The budgets that cover a job of this kind, queue and tenant, in id order."""
-    sql = f"SELECT b.* FROM workers_budget b WHERE {_APPLIES} ORDER BY b.id"
-    return list(Budget.objects.raw(sql, _params(kind, queue, tenant)))
+    return list(Budget.objects.raw(sql.APPLICABLE_BUDGETS, _params(kind, queue, tenant)))
 
 
-def _ensure_usage(cursor: Any, where: str, params: dict[str, Any]) -> list[tuple[int, str, date]]:
-    """Create this period's usage rows for the applicable budgets; returns (budget id, name, period)."""
-    cursor.execute(
-        f"""
-        WITH b AS (SELECT b.id, b.name, {_PERIOD} AS period FROM workers_budget b WHERE {where}),
-        ins AS (
-            INSERT INTO workers_budgetusage
-                (budget_id, period, spent_minor, reserved_minor, requests, attempts, run_seconds, updated_at)
-            SELECT id, period, 0, 0, 0, 0, 0, now() FROM b
-            ON CONFLICT (budget_id, period) DO NOTHING
-        )
-        SELECT id, name, period FROM b ORDER BY id
-        """,
-        params,
-    )
+def _ensure_usage(cursor: Any, statement: str, params: dict[str, Any]) -> list[tuple[int, str, date]]:
+    """Create this period's usage rows (sql.ENSURE_USAGE_*); returns (budget id, name, period)."""
+    cursor.execute(statement, params)
     return list(cursor.fetchall())
 
 
@@ -285,23 +266,12 @@ def reserve(*, kind: str, queue: str, tenant: str, estimate_minor: int) -> list[
     """
     params = {**_params(kind, queue, tenant), "est": estimate_minor}
     with connection.cursor() as cursor:
-        applicable = _ensure_usage(cursor, _APPLIES, params)
+        applicable = _ensure_usage(cursor, sql.ENSURE_USAGE_APPLICABLE, params)
         if not applicable:
             return []
         # The conditional UPDATE is the decision: PostgreSQL re-checks each row's condition
         # after taking its lock, so two workers racing for the last unit cannot both pass.
-        cursor.execute(
-            f"""
-            UPDATE workers_budgetusage u
-            SET reserved_minor = u.reserved_minor + %(est)s, requests = u.requests + 1, updated_at = now()
-            FROM workers_budget b
-            WHERE u.budget_id = b.id AND u.period = {_PERIOD} AND {_APPLIES}
-              AND (b.spend_limit_minor IS NULL OR u.spent_minor + u.reserved_minor + %(est)s <= b.spend_limit_minor)
-              AND (b.request_limit IS NULL OR u.requests + 1 <= b.request_limit)
-            RETURNING u.id, u.budget_id
-            """,
-            params,
-        )
+        cursor.execute(sql.RESERVE, params)
         granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
         for budget_id, name, period in applicable:
             if budget_id not in granted:
@@ -365,11 +335,7 @@ def settle(*, reservations: Sequence[Sequence[int]], actual_minor: int) -> list[
     with connection.cursor() as cursor:
         # Usage rows in id order: two settlements over the same budgets lock them in one order.
         for usage_id, reserved in sorted((int(u), int(r)) for u, r in reservations):
-            cursor.execute(
-                "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
-                "spent_minor = spent_minor + %s, updated_at = now() WHERE id = %s RETURNING budget_id",
-                [reserved, actual_minor, usage_id],
-            )
+            cursor.execute(sql.SETTLE_RESERVATION, [reserved, actual_minor, usage_id])
             row = cursor.fetchone()
             if row is not None and actual_minor > reserved:
                 overshoots.append(
@@ -427,11 +393,7 @@ def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = Fal
     """Give reservations back: the call did not happen."""
     with connection.cursor() as cursor:
         for usage_id, reserved in reservations:
-            cursor.execute(
-                "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
-                "requests = GREATEST(requests - %s, 0), updated_at = now() WHERE id = %s",
-                [reserved, 1 if refund_request else 0, usage_id],
-            )
+            cursor.execute(sql.RELEASE_RESERVATION, [reserved, 1 if refund_request else 0, usage_id])
 
 
 def claims_are_gated() -> bool:
@@ -450,12 +412,7 @@ def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]
     """
     params = _params(kind, queue, tenant)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT b.id, b.name, b.scope, b.target, b.tenant, b.concurrency_limit, "
-            f"b.attempt_limit IS NOT NULL OR b.run_seconds_limit IS NOT NULL "
-            f"FROM workers_budget b WHERE {_APPLIES} ORDER BY b.id",
-            params,
-        )
+        cursor.execute(sql.CLAIM_BUDGETS, params)
         budgets = cursor.fetchall()
         if not budgets:
             return []
@@ -463,15 +420,10 @@ def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]
         if limited:
             # Claims in one concurrency scope take turns on the budget row, so each counts the
             # running jobs with every earlier claim already committed: no two can both see room.
-            cursor.execute(
-                "SELECT id FROM workers_budget WHERE id = ANY(%s) ORDER BY id FOR UPDATE", [[row[0] for row in limited]]
-            )
+            cursor.execute(sql.LOCK_BUDGETS, [[row[0] for row in limited]])
             for _budget_id, name, scope, target, budget_tenant, limit, _ in limited:
-                scope_sql = {"global": "TRUE", "queue": "queue = %(target)s", "kind": "kind = %(target)s"}[scope]
-                tenant_sql = "AND input->>'tenant' = %(tenant)s" if budget_tenant else ""
                 cursor.execute(
-                    f"SELECT count(*) FROM workers_job WHERE state = 'running' AND {scope_sql} {tenant_sql}",
-                    {"target": target, "tenant": budget_tenant},
+                    sql.COUNT_RUNNING_IN_SCOPE[(scope, bool(budget_tenant))], {"target": target, "tenant": budget_tenant}
                 )
                 (running,) = cursor.fetchone()
                 if running > limit:  # the count includes the job this claim just took
@@ -479,19 +431,8 @@ def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]
         counted = [row[0] for row in budgets if row[6]]
         if not counted:
             return []
-        ids_where = "b.id = ANY(%(ids)s)"
-        applicable = _ensure_usage(cursor, ids_where, {"ids": counted})
-        cursor.execute(
-            f"""
-            UPDATE workers_budgetusage u SET attempts = u.attempts + 1, updated_at = now()
-            FROM workers_budget b
-            WHERE u.budget_id = b.id AND u.period = {_PERIOD} AND {ids_where}
-              AND (b.attempt_limit IS NULL OR u.attempts < b.attempt_limit)
-              AND (b.run_seconds_limit IS NULL OR u.run_seconds < b.run_seconds_limit)
-            RETURNING u.id, u.budget_id
-            """,
-            {"ids": counted},
-        )
+        applicable = _ensure_usage(cursor, sql.ENSURE_USAGE_BY_ID, {"ids": counted})
+        cursor.execute(sql.COUNT_CLAIM_ATTEMPT, {"ids": counted})
         granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
         for budget_id, name, period in applicable:
             if budget_id not in granted:
@@ -504,10 +445,7 @@ def add_run_seconds(*, usage_ids: Iterable[int], seconds: float) -> None:
     if not ids:
         return
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE workers_budgetusage SET run_seconds = run_seconds + %s, updated_at = now() WHERE id = ANY(%s)",
-            [seconds, ids],
-        )
+        cursor.execute(sql.ADD_RUN_SECONDS, [seconds, ids])
 
 
 def _has_room(budget: Budget | None, parked_on: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
-from workers import doorbell, hooks, kinds
+from workers import doorbell, hooks, kinds, sql
 from workers.errors import EnqueueError, JobStateError
 from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
@@ -75,7 +75,7 @@ def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
 
 
 class _Row(NamedTuple):
-    """One job's INSERT values, in _INSERT_COLUMNS order (the constant columns are in _ROW)."""
+    """One job's INSERT values, in sql.JOB_INSERT_COLUMNS order (the constant columns are in sql.JOB_ROW)."""
 
     kind: str
     version: int
@@ -96,16 +96,7 @@ class _Row(NamedTuple):
     updated_at: datetime
 
 
-_INSERT_COLUMNS = (
-    "kind, version, queue, input, input_fingerprint, idempotency_key, priority, delivery, scheduled_at, deadline_at, "
-    "max_attempts, timeout_seconds, correlation_id, trace_id, created_by, created_at, updated_at, "
-    "state, attempts, lease_token, progress, run_state, usage, error_class, error_message, park_detail, parked_on"
-)
-_ROW = (
-    "(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "'queued', 0, 0, '{}', '{}', '{}', '', '', '', '{}')"
-)
-assert len(_Row._fields) == _ROW.count("%s")
+assert len(_Row._fields) == sql.JOB_ROW.count("%s")
 
 
 def _lock_order(row: _Row) -> tuple[int, str, str]:
@@ -168,12 +159,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
     with nullcontext() if lone_insert else transaction.atomic(), connection.cursor() as cursor:
         for start in range(0, len(order), 500):
             chunk = order[start : start + 500]
-            cursor.execute(
-                f"INSERT INTO workers_job ({_INSERT_COLUMNS}) VALUES {', '.join([_ROW] * len(chunk))} "
-                "ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING "
-                "RETURNING trace_id, id",
-                [value for index in chunk for value in rows[index]],
-            )
+            cursor.execute(sql.insert_jobs(len(chunk)), [value for index in chunk for value in rows[index]])
             # trace_id is fresh per row, so it maps RETURNING rows (which keep no order) back to specs.
             inserted = dict(cursor.fetchall())
             for index in chunk:
@@ -184,10 +170,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
                     continue
                 # Only a key conflict skips a row (and the conflicting row is committed, or ours:
                 # ON CONFLICT waited for its transaction): compare inputs before handing it back.
-                cursor.execute(
-                    "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s",
-                    [row.kind, row.idempotency_key],
-                )
+                cursor.execute(sql.JOB_BY_KEY, [row.kind, row.idempotency_key])
                 existing_id, existing_fingerprint = cursor.fetchone()
                 if existing_fingerprint != row.input_fingerprint:
                     raise EnqueueError(
@@ -372,12 +355,7 @@ def unpark_jobs(*, job_ids: Sequence[int], reason: str) -> list[int]:
     if not job_ids:
         return []
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE workers_job SET state = 'queued', park_reason = NULL, park_detail = '', parked_on = '{}'::jsonb, "
-            "parked_at = NULL, scheduled_at = now(), updated_at = now() "
-            "WHERE id = ANY(%s) AND state = 'parked' AND park_reason = %s RETURNING id, queue, version",
-            [list(job_ids), reason],
-        )
+        cursor.execute(sql.UNPARK_JOBS, [list(job_ids), reason])
         moved = cursor.fetchall()
     by_queue: dict[str, list[tuple[int, int]]] = {}
     for job_id, queue, version in moved:

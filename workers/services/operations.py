@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
+from workers import sql
 from workers.errors import SafetyError
 from workers.models import JobState, Operation, OperationState, ParkReason, Resolution
 from workers.services import budgets
@@ -24,16 +25,6 @@ def needing_attention() -> QuerySet[Operation]:
         .select_related("job")
         .order_by("updated_at")
     )
-
-
-# An operation may be settled by a person only while no attempt can act on it: its job parked
-# needing attention, or finished (a cancelled or failed job's open operation would otherwise
-# hold its budget reservation for ever). A queued or running job's attempt reconciles and
-# settles the operation itself; a person's resolution would race it (two settlements of the
-# same reservations, or "did not happen" recorded while the attempt sees it happen).
-_RESOLVABLE_JOB = (
-    "((j.state = 'parked' AND j.park_reason = 'needs_attention') OR j.state IN ('succeeded', 'failed', 'cancelled'))"
-)
 
 
 def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: str, external_id: str = "") -> Operation:
@@ -56,25 +47,16 @@ def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: st
         # Lock order: the job row first, then its operation, as the worker's ledger and every
         # other writer of both do. Holding the job row means no requeue, claim or cancel can
         # change its state until we commit, so the state the UPDATE below tests stays true.
-        cursor.execute(
-            "SELECT j.id, j.state, j.park_reason FROM workers_job j JOIN workers_operation o ON o.job_id = j.id "
-            "WHERE o.id = %s FOR UPDATE OF j",
-            [operation_id],
-        )
+        cursor.execute(sql.LOCK_JOB_OF_OPERATION, [operation_id])
         job_row = cursor.fetchone()
         if job_row is None:
             raise SafetyError(f"operation {operation_id} does not exist.")
         op = Operation.objects.select_for_update().get(pk=operation_id)
         held = op.reservations
-        # The conditional UPDATE decides (operation still open, job in a resolvable state).
+        # The conditional UPDATE decides (operation still open, job in a resolvable state: see
+        # sql.RESOLVE_OPERATION for which states are and why).
         cursor.execute(
-            "UPDATE workers_operation o SET state = %s, resolution = %s, "
-            "external_id = CASE WHEN %s THEN %s ELSE o.external_id END, "
-            "result = CASE WHEN %s THEN %s::jsonb ELSE o.result END, "
-            "cost_minor = CASE WHEN %s THEN o.estimate_minor ELSE o.cost_minor END, "
-            "reservations = '[]'::jsonb, error_message = %s, settled_at = now(), updated_at = now() "
-            "FROM workers_job j WHERE o.id = %s AND j.id = o.job_id AND o.state IN ('in_flight', 'uncertain') AND "
-            + _RESOLVABLE_JOB,
+            sql.RESOLVE_OPERATION,
             [
                 OperationState.RECONCILED if happened else OperationState.FAILED,
                 Resolution.MANUAL_HAPPENED if happened else Resolution.MANUAL_ABSENT,

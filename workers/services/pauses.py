@@ -17,15 +17,9 @@ from django.utils import timezone
 
 from koala.audit import record_audit
 from koala.redaction import redact_text
+from workers import sql
 from workers.errors import SafetyError
 from workers.models import Pause, PauseMode, PauseSource, Scope
-
-# A live pause: not lifted and not expired. Used by the claim, dispatch and heartbeat SQL,
-# with the job's own columns named j.kind / j.queue.
-LIVE_PAUSE_SQL = (
-    "p.lifted_at IS NULL AND (p.expires_at IS NULL OR p.expires_at > now()) AND "
-    "(p.scope = 'global' OR (p.scope = 'queue' AND p.target = {queue}) OR (p.scope = 'kind' AND p.target = {kind}))"
-)
 
 
 def _live() -> Q:
@@ -121,12 +115,7 @@ def resume(*, pause_id: int, actor: str, note: str = "") -> Pause:
 def stop_requested(*, kind: str, queue: str) -> bool:
     """True if a live stop-mode pause covers a job of this kind and queue (read by heartbeats)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM workers_pause p WHERE p.mode = 'stop' AND "
-            + LIVE_PAUSE_SQL.format(queue="%(queue)s", kind="%(kind)s")
-            + ")",
-            {"queue": queue, "kind": kind},
-        )
+        cursor.execute(sql.STOP_REQUESTED, {"queue": queue, "kind": kind})
         (found,) = cursor.fetchone()
     return bool(found)
 
@@ -142,24 +131,7 @@ def trip_breakers(*, threshold: int | None = None) -> list[Pause]:
     if limit <= 0:
         return []
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH recent AS (
-                SELECT j.kind, a.finished_at,
-                       (a.outcome = 'orphaned' OR (a.outcome = 'failed' AND j.failure_reason = 'fatal')) AS crashed,
-                       row_number() OVER (PARTITION BY j.kind ORDER BY a.finished_at DESC, a.id DESC) AS n
-                FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
-                WHERE a.finished_at > now() - interval '1 day'
-                  AND a.outcome IN ('succeeded', 'retry', 'failed', 'orphaned')
-                  AND j.kind IN (SELECT DISTINCT j2.kind FROM workers_attempt a2 JOIN workers_job j2 ON j2.id = a2.job_id
-                                 WHERE (a2.outcome = 'orphaned' OR (a2.outcome = 'failed' AND j2.failure_reason = 'fatal'))
-                                   AND a2.finished_at > now() - interval '1 day')
-            )
-            SELECT kind, max(finished_at) FROM recent WHERE n <= %s
-            GROUP BY kind HAVING count(*) = %s AND bool_and(crashed)
-            """,
-            [limit, limit],
-        )
+        cursor.execute(sql.CRASH_STREAKS, [limit, limit])
         streaks = cursor.fetchall()
     tripped: list[Pause] = []
     for kind, last_crash in streaks:

@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from koala.redaction import redact_data, redact_text, sensitive_values
-from reviews import services as reviews
+from workers import hooks, sql
 from workers.errors import (
     Declined,
     NotPerformed,
@@ -48,11 +48,11 @@ from workers.errors import (
     TerminalFailure,
 )
 from workers.models import Budget, Operation, OperationState, ParkReason, Resolution
-from workers.services import budgets, leases
+from workers.services import budgets
 from workers.services.budgets import BudgetExhausted
 
 if TYPE_CHECKING:
-    from workers.runtime import JobContext
+    from workers.context import JobContext
 
 log = logging.getLogger("koala.operations")
 
@@ -162,23 +162,13 @@ class _Ledger:
     def _load(self) -> Operation | None:
         return Operation.objects.filter(key=self.key).first()
 
-    def _hold(self) -> None:
-        """The strict fence (leases.hold_lease): lock our job row for this transaction, or raise StaleAttempt."""
-        rejection = leases.hold_lease(job_id=self.ctx.job_id, lease_token=self.ctx.lease.lease_token)
-        if rejection is not None:
-            self.ctx.reject(rejection)
-            raise StaleAttempt(rejection)
-
-    def _update(self, op_id: int, sets: str, values: dict[str, Any], *, own: bool = True) -> None:
-        """A fenced UPDATE of the operation row; a stale attempt gets StaleAttempt and writes nothing."""
-        own_sql = " AND lease_token = %(token)s" if own else ""
+    def _update(self, op_id: int, statement: str, values: dict[str, Any], *, own: bool = True) -> None:
+        """A fenced UPDATE of the operation row (one of sql.OPERATION_*); a stale attempt gets
+        StaleAttempt and writes nothing. ``own``: only while this attempt is the row's holder."""
         with transaction.atomic():
-            self._hold()
+            self.ctx.hold_lease()
             with connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE workers_operation SET {sets}, updated_at = now() WHERE id = %(op)s{own_sql}",
-                    {**values, **self.fence, "op": op_id},
-                )
+                cursor.execute(statement, {**values, **self.fence, "op": op_id, "any_holder": not own})
                 if cursor.rowcount != 1:
                     # Our lease is live (we hold it), so the row itself moved on: another job
                     # holding the same key, or a person's resolution. Never overwrite it.
@@ -257,7 +247,7 @@ class _Ledger:
         if op.state == OperationState.IN_FLIGHT:
             # Left in flight by a crash: say it is open. One write, not one per look: the row's
             # own timestamps are not the clock the window is measured on (_since_last_send).
-            self._update(op.pk, "state = 'uncertain', error_message = %(msg)s", {"msg": message}, own=False)
+            self._update(op.pk, sql.OPERATION_UNCERTAIN, {"msg": message}, own=False)
         raise ReconcileLater(
             self._text(f"{self.kind} {self.name!r} (key {self.key}): {message}"),
             delay_seconds=delay,
@@ -275,12 +265,7 @@ class _Ledger:
         without an attempt row (deleted), the row's last write stands in.
         """
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT EXTRACT(EPOCH FROM now() - CASE WHEN a.id IS NULL THEN o.updated_at "
-                "ELSE GREATEST(a.started_at, a.heartbeat_at, COALESCE(a.finished_at, now())) END) "
-                "FROM workers_operation o LEFT JOIN workers_attempt a ON a.id = o.attempt_id WHERE o.id = %s",
-                [op.pk],
-            )
+            cursor.execute(sql.SECONDS_SINCE_LAST_SEND, [op.pk])
             row = cursor.fetchone()
         return max(float(row[0]), 0.0) if row and row[0] is not None else 0.0
 
@@ -292,7 +277,7 @@ class _Ledger:
         with transaction.atomic():
             self._update(
                 op.pk,
-                "state = 'failed', resolution = 'absent', reservations = '[]'::jsonb, error_message = %(msg)s",
+                sql.OPERATION_PROVEN_ABSENT,
                 {"msg": f"reconciled: the provider has no record of this key {elapsed:.0f}s after the last send; {note}"},
                 own=False,
             )
@@ -306,7 +291,7 @@ class _Ledger:
     def _ask_a_person(self, op: Operation, why: str) -> Park:
         self._update(
             op.pk,
-            "state = 'uncertain', error_message = %(msg)s",
+            sql.OPERATION_UNCERTAIN,
             {"msg": self._text(f"could not reconcile: {why}; needs attention")},
             own=False,
         )
@@ -343,7 +328,7 @@ class _Ledger:
             "kind": kind.key,
             "budgets": budget_limits,
         }
-        return reviews.action_digest(binding), budget_limits
+        return hooks.review_gate().digest(binding), budget_limits
 
     def _request_review(self, digest: str, budget_limits: list[dict[str, Any]]) -> Park:
         snapshot = []
@@ -361,7 +346,7 @@ class _Ledger:
             "kind": self.ctx.kind.key,
             "budgets": snapshot,
         }
-        review = reviews.request_review(
+        review_id = hooks.review_gate().request_review(
             job_id=self.ctx.job_id,
             operation_name=self.name,
             operation_key=self.key,
@@ -376,8 +361,8 @@ class _Ledger:
         )
         return Park(
             ParkReason.WAITING_REVIEW,
-            f"critical {self.kind} {self.name!r} waits for review {review.pk}",
-            {"review_id": review.pk},
+            f"critical {self.kind} {self.name!r} waits for review {review_id}",
+            {"review_id": review_id},
         )
 
     def _send(self, op: Operation | None) -> dict[str, Any]:
@@ -388,8 +373,8 @@ class _Ledger:
             with transaction.atomic():
                 # First statement: lock our job row, so no reclaim can happen until COMMIT and a
                 # stale attempt uses no approval, reserves no budget and records nothing.
-                self._hold()
-                if gate is not None and not reviews.consume_approval(
+                self.ctx.hold_lease()
+                if gate is not None and not hooks.review_gate().consume_approval(
                     job_id=self.ctx.job_id, operation_key=self.key, digest=gate[0]
                 ):
                     raise _NeedsReview
@@ -416,7 +401,7 @@ class _Ledger:
             budgets.pause_scope(budget=budget, reason=f"budget {budget.name!r} exhausted: {exc.detail}")
 
     def _mark_in_flight(self, op: Operation | None, reservations: list[list[int]]) -> int:
-        """Record the call as in flight; the caller's transaction already holds the lease (_hold)."""
+        """Record the call as in flight; the caller's transaction already holds the lease (ctx.hold_lease)."""
         values = {
             **self.fence,
             "attempt": self.ctx.attempt_id,
@@ -432,35 +417,14 @@ class _Ledger:
         }
         with connection.cursor() as cursor:
             if op is None:
-                cursor.execute(
-                    """
-                    INSERT INTO workers_operation
-                        (job_id, attempt_id, lease_token, name, key, kind, fingerprint, params, state, resolution,
-                         external_id, response, result, amount_minor, target, estimate_minor, cost_minor, usage,
-                         reservations, error_message, attempts, created_at, updated_at, settled_at)
-                    SELECT %(job)s, %(attempt)s, %(token)s, %(name)s, %(key)s, %(kind)s, %(fp)s, %(params)s::jsonb,
-                           'in_flight', '', '', '{}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{}',
-                           %(res)s::jsonb, '', 1, now(), now(), NULL
-                    ON CONFLICT (key) DO NOTHING
-                    RETURNING id
-                    """,
-                    values,
-                )
+                cursor.execute(sql.INSERT_OPERATION, values)
                 row = cursor.fetchone()
                 if row is None:
                     # We hold our job's lease, so the row is another job's with the same key (a
                     # duplicate job): never send twice; let the retry find and reconcile it.
                     raise Retryable("operation row written concurrently; retrying to reconcile", retry_after=1)
                 return int(row[0])
-            cursor.execute(
-                """
-                UPDATE workers_operation
-                SET state = 'in_flight', attempt_id = %(attempt)s, lease_token = %(token)s, reservations = %(res)s::jsonb,
-                    estimate_minor = %(est)s, attempts = attempts + 1, error_message = '', updated_at = now()
-                WHERE id = %(op)s AND state = 'failed'
-                """,
-                {**values, "op": op.pk},
-            )
+            cursor.execute(sql.RESEND_OPERATION, {**values, "op": op.pk})
             if cursor.rowcount != 1:
                 raise Retryable("operation row changed concurrently; retrying to reconcile", retry_after=1)
             return op.pk
@@ -508,11 +472,7 @@ class _Ledger:
         with transaction.atomic():
             self._update(
                 op.pk,
-                # A re-send after reconcile proved the first absent keeps that history (resolution absent).
-                "state = %(state)s, resolution = CASE WHEN %(resolution)s = '' THEN resolution ELSE %(resolution)s END, "
-                "external_id = %(ext)s, response = %(resp)s::jsonb, "
-                "result = %(result)s::jsonb, cost_minor = %(cost)s, overshoot_minor = %(over)s, usage = %(usage)s::jsonb, "
-                "reservations = '[]'::jsonb, error_message = '', settled_at = now()",
+                sql.OPERATION_SUCCEEDED,
                 {
                     "state": state,
                     "resolution": resolution,
@@ -543,17 +503,13 @@ class _Ledger:
 
     def _settle_not_done(self, op_id: int, reservations: list[list[int]], message: str) -> None:
         with transaction.atomic():
-            self._update(
-                op_id,
-                "state = 'failed', reservations = '[]'::jsonb, error_message = %(msg)s, settled_at = now()",
-                {"msg": self._text(message)},
-            )
+            self._update(op_id, sql.OPERATION_NOT_DONE, {"msg": self._text(message)})
             budgets.release(reservations=reservations, refund_request=False)
 
     def _mark_uncertain(self, op_id: int, message: str) -> None:
         # The reservation stays held: if the call did happen its cost is real.
         try:
-            self._update(op_id, "state = 'uncertain', error_message = %(msg)s", {"msg": self._text(message)})
+            self._update(op_id, sql.OPERATION_UNCERTAIN, {"msg": self._text(message)})
         except StaleAttempt:
             pass  # a newer attempt owns the job; it will reconcile this row
 

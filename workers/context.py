@@ -1,0 +1,168 @@
+"""The body API: what a job body gets besides its input (``ctx`` in ``def body(ctx, data)``).
+
+Signals (``cancelled``, ``shutting_down``), checkpoints, progress, run state, usage, and
+outbound side effects through the operations ledger. The runtime (workers.runtime) creates
+one per attempt; a body never sees the runtime itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from django.utils import timezone
+
+from workers.errors import Paused, Rejection, StaleAttempt
+from workers.kinds import JobKind
+from workers.ledger import run_operation
+from workers.models import Operation, operation_key_base
+from workers.services import leases
+from workers.services.leases import Lease
+
+
+class Runtime(Protocol):
+    """What a context needs from the process running it (workers.runtime.WorkerRuntime)."""
+
+    name: str
+    shutdown_requested: threading.Event
+
+    @property
+    def lease_seconds(self) -> float: ...
+
+    def beat(self, ctx: JobContext) -> None: ...
+
+
+class JobContext:
+    """What a body gets besides its input: signals, checkpoints, state and usage.
+
+    ``cancelled`` is set when the lease is lost, the job is cancelled, a stop-mode pause
+    covers it, or the run's time is up; a long body should call ``checkpoint()`` between
+    steps, which raises the right exception for the runtime to act on.
+    """
+
+    def __init__(self, lease: Lease, kind: JobKind, runtime: Runtime) -> None:
+        self.lease = lease
+        self.kind = kind
+        self.job_id = lease.job_id
+        self.attempt_id = lease.attempt_id
+        self.created_by = lease.created_by
+        self.attempt = lease.attempts
+        self.input = lease.input
+        self.run_state = lease.run_state
+        self.previous_progress = lease.progress
+        self.correlation_id = lease.correlation_id
+        self.trace_id = lease.trace_id
+        # Stable across retries of this job, and carried by an operator retry from its original
+        # (Job.operation_key_base): the idempotency key for outbound calls, so a retry's steps
+        # find the original's ledger rows and can never send an effect twice.
+        self.idempotency_key = operation_key_base(
+            job_id=lease.job_id, idempotency_key=lease.idempotency_key, carried=lease.operation_key_base
+        )
+        self.worker_name = runtime.name
+        self.cancelled = threading.Event()
+        self.shutting_down = runtime.shutdown_requested
+        self.rejection: Rejection | None = None
+        self.state_delta: dict[str, Any] = {}
+        self.usage: dict[str, float] = {}
+        self.waits = {"db": 0.0, "storage": 0.0}
+        self._pending_progress: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._runtime = runtime
+        now = time.monotonic()
+        self.time_limit_at: float | None = now + lease.timeout_seconds
+        self.deadline_at: float | None = now + (lease.deadline_at - timezone.now()).total_seconds() if lease.deadline_at else None
+        self.stale_stop_at: float | None = None
+        self.paused = False  # a stop-mode pause covers this job: release it at the next safe point
+        self.pause_stop_at: float | None = None
+        self.last_beat_at = now
+
+    # -- body API ----------------------------------------------------------------
+    def progress(self, **checkpoint: Any) -> None:
+        """Store a checkpoint with the next heartbeat (a retry finds it in previous_progress)."""
+        with self._lock:
+            self._pending_progress = checkpoint
+
+    def heartbeat(self) -> None:
+        """Heartbeat now (e.g. between long batches) and raise StaleAttempt if the lease is gone."""
+        self._runtime.beat(self)
+        self.checkpoint()
+
+    def confirm_lease(self) -> None:
+        """Renew the lease now and raise StaleAttempt if it is gone (the ledger calls this right
+        before each outbound call). A database error propagates: without a confirmed lease
+        nothing may be sent."""
+        rejection = leases.heartbeat(
+            job_id=self.job_id, lease_token=self.lease.lease_token, lease_seconds=self._runtime.lease_seconds
+        )
+        if rejection is not None:
+            self.reject(rejection)
+            raise StaleAttempt(rejection)
+        self.last_beat_at = time.monotonic()
+
+    def hold_lease(self) -> None:
+        """The strict fence, for a write to a table other than the job's: lock this attempt's job
+        row until the current transaction ends, or raise StaleAttempt (and stop the body).
+
+        Call it first inside the ``transaction.atomic()`` that writes (the ledger, export records
+        and budget reservations do): while it holds, no reclaim, requeue or cancel can change the
+        job, so the write commits only for the attempt that owns it (leases.hold_lease)."""
+        rejection = leases.hold_lease(job_id=self.job_id, lease_token=self.lease.lease_token)
+        if rejection is not None:
+            self.reject(rejection)
+            raise StaleAttempt(rejection)
+
+    def checkpoint(self) -> None:
+        """Raise StaleAttempt if this attempt may no longer act, Paused if a stop pause covers it."""
+        if self.rejection is not None:
+            raise StaleAttempt(self.rejection)
+        if self.paused:
+            raise Paused("a stop-mode pause covers this job")
+
+    def operation(self, name: str, **options: Any) -> dict[str, Any]:
+        """Run one outbound side effect through the operations ledger (see workers.ledger).
+
+        Returns the result's data; a re-run after success returns the stored data without
+        calling out. Raises Park (review, needs attention, budget) for the runtime to handle.
+        """
+        self.checkpoint()
+        return run_operation(self, name, **options)
+
+    def operation_key(self, name: str) -> str:
+        """The default key of step ``name``: stable across retries, unique per job and step."""
+        return f"{self.idempotency_key}:{name}"
+
+    def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:
+        """The stored ledger row of step ``name`` (any state), e.g. the params of a crashed publish."""
+        return Operation.objects.filter(key=key or self.operation_key(name)).first()
+
+    def set_state(self, **delta: Any) -> None:
+        """Top-level keys merged into the run's state when the attempt completes."""
+        self.state_delta.update(delta)
+
+    def add_usage(self, **amounts: float) -> None:
+        for key, amount in amounts.items():
+            self.usage[key] = self.usage.get(key, 0) + amount
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Attribute the time inside to ``db`` or ``storage`` wait instead of compute."""
+        if what not in self.waits:
+            raise ValueError("waiting() takes 'db' or 'storage'")
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waits[what] += time.monotonic() - started
+
+    # -- runtime side ------------------------------------------------------------
+    def take_progress(self) -> dict[str, Any] | None:
+        with self._lock:
+            pending, self._pending_progress = self._pending_progress, None
+        return pending
+
+    def reject(self, rejection: Rejection) -> None:
+        self.rejection = rejection
+        self.cancelled.set()

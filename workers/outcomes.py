@@ -1,0 +1,313 @@
+"""How an attempt ends, and what the engine records for it: endings in, one decision out.
+
+The runtime turns whatever the body did into an **ending** (it returned, parked, was cut
+off, found itself stale, raised), then asks ``decide(ending, lease, kind)`` for the
+**decision**: exactly one lease transition and its fields, or nothing at all. ``decide`` is
+pure (no database, no clock; the backoff's randomness comes in as ``rng``), so the whole
+table of endings, delivery modes and attempts left is tested without a database
+(tests/unit/test_decide.py). ``WorkerRuntime._report`` is the only writer: it maps a
+decision to the one fenced lease service call (workers.services.leases).
+
+    ending                                   decision
+    Returned(value, state_delta)             Complete
+    Parked(reason, …)                        Park                  (no attempt used)
+    Reconciling(detail, delay)               Release interrupted   (no attempt used)
+    StoppedForPause()                        Release interrupted   (a safe point: any delivery)
+    Interrupted(shutdown | paused)           Release interrupted   (at_least_once)
+                                             Fail orphaned         (at_most_once: never twice)
+    Interrupted(deadline)                    Fail deadline_exceeded
+    Interrupted(timeout)                     RetryLater / Fail attempts_exhausted
+    Raised(Retryable | connection lost)      RetryLater / Fail attempts_exhausted
+    Raised(TerminalFailure)                  Fail terminal
+    Raised(anything else)                    Fail fatal
+    Unservable(worker, earlier)              Release unservable    (backoff 0.5 s doubling, ≤ 30 s)
+    Stale / Interrupted(stale) / any ending
+      but Returned after a rejection         Discard               (nothing this attempt says counts)
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+
+from koala.redaction import redact_text, sensitive_values
+from workers.errors import AttemptTimeout, Rejection, Retryable, TerminalFailure
+from workers.kinds import JobKind
+from workers.models import Delivery, FailureReason, Outcome
+from workers.services.leases import Lease
+
+UNSERVABLE_MAX_DELAY = 30.0  # seconds; a job nobody here serves is retried at most this rarely
+
+# -- endings: what the body did ------------------------------------------------------------------
+
+
+class Cut(enum.StrEnum):
+    """Why the runtime interrupted a body mid-way (the SIGALRM reasons, workers.runtime)."""
+
+    SHUTDOWN = "shutdown"  # the worker's shutdown deadline passed
+    PAUSED = "paused"  # a stop pause covers the job and the body did not reach a checkpoint in time
+    DEADLINE = "deadline"  # the job's overall deadline passed
+    TIMEOUT = "timeout"  # the attempt's time limit (the kind's timeout_seconds) passed
+    STALE = "stale"  # the lease was lost and the body ignored ctx.cancelled for a heartbeat
+
+    @classmethod
+    def named(cls, why: str) -> Cut:
+        """The cut an ``Interrupted(why)`` names; an unknown reason is a time limit, as it always was."""
+        try:
+            return cls(why)
+        except ValueError:
+            return cls.TIMEOUT
+
+
+class Classification(enum.StrEnum):
+    """What kind of error a body raised (workers.errors: classification is explicit)."""
+
+    RETRYABLE = "retryable"  # Retryable (or a subclass): retried within the attempt budget
+    CONNECTION_LOST = "connection_lost"  # the body lost the database: transient, nothing after it was recorded
+    TERMINAL = "terminal"  # TerminalFailure: no retry can fix it
+    FATAL = "fatal"  # anything else: never retried blindly, it may have half-done an effect
+
+    @classmethod
+    def of(cls, error: BaseException) -> Classification:
+        if isinstance(error, OperationalError | InterfaceError):
+            return cls.CONNECTION_LOST
+        if isinstance(error, Retryable):
+            return cls.RETRYABLE
+        if isinstance(error, TerminalFailure):
+            return cls.TERMINAL
+        return cls.FATAL
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The body returned ``value``; ``state_delta`` is what it set with ctx.set_state."""
+
+    value: Any
+    state_delta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The safety layer set the job aside (review, needs attention, budget): errors.Park."""
+
+    reason: str
+    detail: str
+    parked_on: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reconciling:
+    """An operation's outcome is still open and the provider may settle it soon (errors.ReconcileLater)."""
+
+    detail: str
+    delay_seconds: float
+
+
+@dataclass(frozen=True)
+class StoppedForPause:
+    """The body stopped at a checkpoint because a stop pause covers the job (errors.Paused)."""
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The runtime cut the body off mid-way (errors.Interrupted, raised by SIGALRM)."""
+
+    why: Cut
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The engine rejected one of this attempt's writes (errors.StaleAttempt)."""
+
+    rejection: Rejection
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The body raised ``error`` (any Exception that is none of the above)."""
+
+    error: BaseException
+    classification: Classification
+
+    @classmethod
+    def of(cls, error: BaseException) -> Raised:
+        return cls(error=error, classification=Classification.of(error))
+
+
+@dataclass(frozen=True)
+class Unservable:
+    """No body ran: this worker does not serve the job's kind@version. ``earlier`` counts the
+    job's earlier unservable attempts (the backoff grows with it)."""
+
+    worker: str
+    earlier: int
+
+
+Ending = Returned | Parked | Reconciling | StoppedForPause | Interrupted | Stale | Raised | Unservable
+
+# -- decisions: the one lease transition to record -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Complete:
+    """leases.complete: succeeded, with the result and the run-state delta."""
+
+    result: Any
+    state_delta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    """leases.retry_later: back to the queue after ``delay_seconds``; the attempt is used."""
+
+    delay_seconds: float
+    error_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """leases.fail: the job ends failed with ``reason``."""
+
+    reason: FailureReason
+    error_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Park:
+    """leases.park: set aside for a person or a budget; the attempt is given back."""
+
+    reason: str
+    detail: str
+    parked_on: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    """leases.release: back to the queue without using an attempt (due after ``delay_seconds``)."""
+
+    outcome: Outcome  # INTERRUPTED or UNSERVABLE: what the attempt row says
+    message: str
+    delay_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Discard:
+    """No write: the attempt is stale and nothing it says may count. The reaper, the newer
+    attempt or the cancel that made it stale owns the job's outcome."""
+
+    rejection: Rejection | None
+
+
+Decision = Complete | RetryLater | Fail | Park | Release | Discard
+
+# -- the decision ------------------------------------------------------------------------------------
+
+
+def decide(
+    ending: Ending,
+    lease: Lease,
+    kind: JobKind | None,
+    *,
+    rejected: Rejection | None = None,
+    rng: random.Random | None = None,
+) -> Decision:
+    """The lease transition that records ``ending`` of attempt ``lease``.
+
+    ``kind`` is the registered kind that ran (None only for Unservable). ``rejected`` is the
+    rejection the engine already answered this attempt (a heartbeat's), if any: then only a
+    body that returned still reports (its fenced write gets the rejection back by name), and
+    anything else is discarded. ``rng`` feeds the backoff's jitter (kinds.JobKind.backoff_seconds).
+    """
+    if isinstance(ending, Unservable):
+        delay = min(UNSERVABLE_MAX_DELAY, 0.5 * 2**ending.earlier)
+        return Release(
+            outcome=Outcome.UNSERVABLE,
+            message=f"worker {ending.worker} does not serve {lease.kind}@{lease.version}",
+            delay_seconds=delay,
+        )
+    if kind is None:
+        raise ValueError(f"deciding a {type(ending).__name__} ending needs the kind that ran")
+    if rejected is not None and not isinstance(ending, Returned):
+        return Discard(rejection=rejected)
+    secrets = sensitive_values(lease.input, sensitive=kind.sensitive_fields)
+    match ending:
+        case Stale(rejection=rejection):
+            return Discard(rejection=rejection)
+        case Interrupted(why=Cut.STALE):
+            # Only armed after a heartbeat was rejected (``rejected`` is then set): stale either way.
+            return Discard(rejection=rejected)
+        case Returned(value=value, state_delta=state_delta):
+            return Complete(result=value, state_delta=dict(state_delta))
+        case Reconciling(detail=detail, delay_seconds=delay):
+            return Release(outcome=Outcome.INTERRUPTED, message=redact_text(detail, secrets=secrets), delay_seconds=delay)
+        case Parked(reason=reason, detail=detail, parked_on=parked_on):
+            return Park(reason=reason, detail=detail, parked_on=dict(parked_on))
+        case StoppedForPause():
+            # A checkpoint is a safe point: nothing is half-done, so even at_most_once is given back.
+            return Release(outcome=Outcome.INTERRUPTED, message="released by a stop pause")
+        case Interrupted(why=Cut.SHUTDOWN | Cut.PAUSED):
+            # Cut off mid-body (a stop pause that outlived its grace is exactly a shutdown).
+            if lease.delivery == Delivery.AT_MOST_ONCE:
+                # The body may already have had its effect. Releasing it would run it a second
+                # time: at_most_once fails instead, as the reaper does.
+                return Fail(
+                    reason=FailureReason.ORPHANED,
+                    error_class="Interrupted",
+                    message="interrupted at the worker's shutdown deadline; at_most_once does not run a body twice",
+                )
+            return Release(outcome=Outcome.INTERRUPTED, message="released at worker shutdown deadline")
+        case Interrupted(why=Cut.DEADLINE):
+            return _failure(
+                TerminalFailure("the job's overall deadline passed during the attempt"),
+                FailureReason.DEADLINE_EXCEEDED,
+                lease,
+                kind,
+                secrets,
+                rng,
+            )
+        case Interrupted():
+            timeout = AttemptTimeout(f"attempt exceeded its time limit of {lease.timeout_seconds:g}s")
+            return _failure(timeout, FailureReason.FATAL, lease, kind, secrets, rng)
+        case Raised(error=error, classification=Classification.CONNECTION_LOST):
+            # The body lost the database (a partition, a session the server ended for idling in a
+            # transaction, a failover): transient by nature, and nothing after it was recorded.
+            lost = Retryable(f"database connection lost during the attempt ({type(error).__name__})")
+            return _failure(lost, FailureReason.FATAL, lease, kind, secrets, rng)
+        case Raised(error=error, classification=Classification.TERMINAL):
+            return _failure(error, FailureReason.TERMINAL, lease, kind, secrets, rng)
+        case Raised(error=error):
+            return _failure(error, FailureReason.FATAL, lease, kind, secrets, rng)
+    raise TypeError(f"not an ending: {ending!r}")
+
+
+def error_class_of(error: BaseException) -> str:
+    """What the records call an error: its class, with a TerminalFailure's code when it has its own."""
+    name = type(error).__name__
+    if isinstance(error, TerminalFailure) and error.code != "terminal":
+        return f"{name}:{error.code}"
+    return name
+
+
+def _failure(
+    error: BaseException,
+    reason: FailureReason,
+    lease: Lease,
+    kind: JobKind,
+    secrets: list[str],
+    rng: random.Random | None,
+) -> RetryLater | Fail:
+    """A Retryable error retries while attempts remain (then attempts_exhausted); anything else fails with ``reason``."""
+    error_class = error_class_of(error)
+    message = redact_text(str(error), secrets=secrets)
+    if isinstance(error, Retryable):
+        if lease.attempts < lease.max_attempts:
+            delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
+            return RetryLater(delay_seconds=delay, error_class=error_class, message=message)
+        reason = FailureReason.ATTEMPTS_EXHAUSTED
+    return Fail(reason=reason, error_class=error_class, message=message)

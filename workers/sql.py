@@ -1,0 +1,580 @@
+"""The engine's hand-written SQL: every statement the workers app writes by hand, by name.
+
+Where a statement lives: here, as a named constant with a one-line purpose, next to the why
+of its shape (planner notes, lock order). Its caller (a service in workers/services/, the
+ledger, the session bounds) executes it and owns the transaction. The ORM does everything
+else; SQL is written by hand where one statement must decide (a conditional UPDATE whose row
+count is the decision) or where the ORM would need several round trips per job.
+
+Rules, so a reader can trust every statement at a glance:
+
+- values are always bound parameters (``%s`` or ``%(name)s``), never formatted into the text;
+- fragments shared by several statements (the live-lease fence, "a live pause covers this
+  job", "this budget applies") are constants here, composed into whole statements once, when
+  this module is imported: each statement's text is fixed before any request arrives (the
+  ``# noqa: S608`` on those lines says so);
+- text built at call time comes only from a fixed whitelist (``COUNT_RUNNING_IN_SCOPE``) or a
+  repeat count (``insert_jobs``), each said where it is built.
+
+The one strict fence is ``HOLD_LEASE`` (``leases.hold_lease``): every attempt-side write to a
+table other than ``workers_job`` runs it first in its transaction. Every write *to*
+``workers_job`` on an attempt's behalf carries the same predicate, ``LIVE_LEASE``, in its WHERE.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# -- the fence -------------------------------------------------------------------------------------
+
+# The live lease of attempt (%(job_id)s, %(lease_token)s): its token is current, the job is still
+# running and the lease has not expired. The one fence predicate of every attempt-side write.
+#
+# Planner note. Fenced writes and the claim's UPDATE find their row by primary key; their state
+# checks are written ``state IS NOT DISTINCT FROM '…'`` (for this NOT NULL column it means exactly
+# ``=``) because no index can serve that form. With ``=`` and statistics taken when few jobs were
+# queued or running (a burst of enqueues after a quiet period, a new or truncated table),
+# PostgreSQL picked job_state_created_idx (or a partial index on state) and filtered every
+# queued/running row for the id, so each claim was O(queue length): 6.4 ms instead of 2.2 ms per
+# claim with 5,000 queued jobs (bench/README.md).
+LIVE_LEASE = (
+    "id = %(job_id)s AND lease_token = %(lease_token)s AND state IS NOT DISTINCT FROM 'running' AND lease_expires_at > now()"
+)
+
+# The strict fence: lock attempt (job_id, lease_token)'s job row for the rest of the transaction,
+# or return nothing. Under READ COMMITTED an ``EXISTS (…lease_token = mine…)`` inside an INSERT into
+# another table is evaluated on the statement's snapshot and locks nothing: the reaper can requeue
+# the job and a new attempt claim it while this transaction is still open, and its COMMIT then
+# lands for a stale attempt. Locking the job row closes that window: the claim, the reaper and
+# every lease transition UPDATE that row, so none of them can change it until this transaction
+# ends (they skip it — FOR UPDATE SKIP LOCKED — rather than wait), and the WHERE is re-checked on
+# the newest row version after any wait (EvalPlanQual). NO KEY UPDATE, not SHARE: the lock is held
+# to write on the job's behalf, and it does not block inserts that reference the job (attempts,
+# operations) by foreign key.
+HOLD_LEASE = "SELECT 1 FROM workers_job WHERE " + LIVE_LEASE + " FOR NO KEY UPDATE"  # noqa: S608 (composed from constant fragments; values are bound)
+
+# Why a fenced write matched no row: the job's state and current token, and whether this
+# attempt's own row already holds an outcome (params: lease_token, job_id).
+REJECTION_FOR = (
+    "SELECT j.state, j.lease_token, a.outcome FROM workers_job j "
+    "LEFT JOIN workers_attempt a ON a.job_id = j.id AND a.lease_token = %s WHERE j.id = %s"
+)
+
+# -- pauses ------------------------------------------------------------------------------------------
+
+# A live pause p (not lifted, not expired) covering a job whose queue and kind are {queue} and
+# {kind}: filled in below with the job row's columns or with bound parameters, never with values.
+_LIVE_PAUSE = (
+    "p.lifted_at IS NULL AND (p.expires_at IS NULL OR p.expires_at > now()) AND "
+    "(p.scope = 'global' OR (p.scope = 'queue' AND p.target = {queue}) OR (p.scope = 'kind' AND p.target = {kind}))"
+)
+_JOB_NOT_PAUSED = (
+    "NOT EXISTS (SELECT 1 FROM workers_pause p WHERE "  # noqa: S608 (composed from constant fragments; values are bound)
+    + _LIVE_PAUSE.format(queue="workers_job.queue", kind="workers_job.kind")
+    + ")"
+)
+
+# Whether a live stop-mode pause covers a job of this kind and queue (read by every heartbeat).
+STOP_REQUESTED = (
+    "SELECT EXISTS (SELECT 1 FROM workers_pause p WHERE p.mode = 'stop' AND "  # noqa: S608 (composed from constant fragments; values are bound)
+    + _LIVE_PAUSE.format(queue="%(queue)s", kind="%(kind)s")
+    + ")"
+)
+
+# The kinds whose last N (both params) finished attempts of the past day all crashed (orphaned or
+# failed fatally), with the time of the newest crash: the circuit breaker's candidates.
+CRASH_STREAKS = """
+WITH recent AS (
+    SELECT j.kind, a.finished_at,
+           (a.outcome = 'orphaned' OR (a.outcome = 'failed' AND j.failure_reason = 'fatal')) AS crashed,
+           row_number() OVER (PARTITION BY j.kind ORDER BY a.finished_at DESC, a.id DESC) AS n
+    FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+    WHERE a.finished_at > now() - interval '1 day'
+      AND a.outcome IN ('succeeded', 'retry', 'failed', 'orphaned')
+      AND j.kind IN (SELECT DISTINCT j2.kind FROM workers_attempt a2 JOIN workers_job j2 ON j2.id = a2.job_id
+                     WHERE (a2.outcome = 'orphaned' OR (a2.outcome = 'failed' AND j2.failure_reason = 'fatal'))
+                       AND a2.finished_at > now() - interval '1 day')
+)
+SELECT kind, max(finished_at) FROM recent WHERE n <= %s
+GROUP BY kind HAVING count(*) = %s AND bool_and(crashed)
+"""
+
+# -- claims and lease transitions (workers.services.leases) ------------------------------------------
+
+# What a claim returns, in the order of leases.Lease's fields (c = the claimed job, a = its attempt).
+LEASE_COLUMNS = (
+    "c.id, a.id, c.kind, c.version, c.queue, c.input, c.run_state, c.progress, c.lease_token, c.attempts, "
+    "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key, "
+    "c.created_by, c.operation_key_base"
+)
+
+# One statement claims the row (the conditional UPDATE whose row count decides the winner), bumps
+# the fencing token and inserts the attempt, so claim and attempt commit together. {where} picks
+# the job; {queued} is the picking query's state check: ``state = 'queued'`` when it must walk
+# job_claim_idx in order (CLAIM_NEXT), the planner-proof form when the id is known (CLAIM_JOB).
+_CLAIM = """
+WITH picked AS (
+    SELECT id FROM workers_job
+    WHERE {where} AND {queued} AND scheduled_at <= now()
+      AND (deadline_at IS NULL OR deadline_at > now())
+      AND {not_paused}
+    ORDER BY priority DESC, scheduled_at, id
+    FOR UPDATE SKIP LOCKED
+    LIMIT 1
+), c AS (
+    UPDATE workers_job j
+    SET state = 'running', lease_token = j.lease_token + 1, lease_holder = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
+        attempts = j.attempts + 1, updated_at = now()
+    WHERE j.id = (SELECT id FROM picked) AND j.state IS NOT DISTINCT FROM 'queued'
+    RETURNING j.*
+), a AS (
+    INSERT INTO workers_attempt
+        (job_id, number, worker_id, lease_token, started_at, heartbeat_at, usage, error_class, error_message)
+    SELECT c.id, (SELECT count(*) FROM workers_attempt x WHERE x.job_id = c.id) + 1, %(worker)s, c.lease_token,
+           now(), now(), '{{}}', '', ''
+    FROM c
+    RETURNING id, job_id
+)
+SELECT {columns} FROM c JOIN a ON a.job_id = c.id
+"""
+
+# Claim job %(job_id)s if it is queued, due, not paused and of a served "kind@version". It filters
+# on what this worker serves exactly like CLAIM_NEXT: a doorbell can reach any worker listening on
+# the queue (during a rolling deploy, one without the job's version), and a worker that claimed
+# such a job could only hand it back as unservable, pushing it back by a backoff while a capable
+# worker sat idle.
+CLAIM_JOB = _CLAIM.format(
+    where="id = %(job_id)s AND (kind || '@' || version) = ANY(%(served)s)",
+    queued="state IS NOT DISTINCT FROM 'queued'",
+    not_paused=_JOB_NOT_PAUSED,
+    columns=LEASE_COLUMNS,
+)
+
+# Claim the next due job of %(queue)s among the served pairs, skipping the kinds in %(skip)s.
+CLAIM_NEXT = _CLAIM.format(
+    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
+    queued="state = 'queued'",
+    not_paused=_JOB_NOT_PAUSED,
+    columns=LEASE_COLUMNS,
+)
+
+# After a claim by id found nothing: the queue and version of a due job of an unserved pair
+# (params: live seconds, job id, served pairs), and how many live workers on its queue do and
+# do not serve it.
+MISDELIVERED = """
+SELECT j.queue, j.version,
+       count(w.name) FILTER (WHERE w.kinds ? (j.kind || '@' || j.version)),
+       count(w.name) FILTER (WHERE NOT w.kinds ? (j.kind || '@' || j.version))
+FROM workers_job j
+LEFT JOIN workers_workerprocess w
+  ON w.stopped_at IS NULL AND w.last_seen_at > now() - make_interval(secs => %s) AND w.queues ? j.queue
+WHERE j.id = %s AND j.state = 'queued' AND j.scheduled_at <= now()
+  AND NOT (j.kind || '@' || j.version) = ANY(%s)
+GROUP BY j.id
+"""
+
+# Park a queued job that never started (a budget refused it at claim time).
+PARK_QUEUED = (
+    "UPDATE workers_job SET state = 'parked', park_reason = %s, park_detail = %s, parked_on = %s::jsonb, "
+    "parked_at = now(), updated_at = now() WHERE id = %s AND state IS NOT DISTINCT FROM 'queued'"
+)
+
+# Extend attempt (job_id, lease_token)'s lease and store its progress checkpoint, fenced.
+HEARTBEAT = f"""
+WITH j AS (
+    UPDATE workers_job
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), heartbeat_at = now(),
+        progress = COALESCE(%(progress)s::jsonb, progress), updated_at = now()
+    WHERE {LIVE_LEASE}
+    RETURNING id
+)
+UPDATE workers_attempt SET heartbeat_at = now()
+WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
+RETURNING id
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+
+# An attempt's end: one fenced statement moves the job ({job_set}, then the lease is cleared and
+# the usage summed in) and finishes the attempt's row with its outcome, error and timings. The
+# placeholders are filled below, once, with LIVE_LEASE and one constant SET list per transition.
+_FINISH = """
+WITH j AS (
+    UPDATE workers_job
+    SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
+        usage = usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{{}}')
+                          FROM jsonb_each_text(%(usage)s::jsonb) AS u(k, v))
+    WHERE {fence}
+    RETURNING id
+)
+UPDATE workers_attempt
+SET outcome = %(outcome)s, finished_at = now(), error_class = %(error_class)s, error_message = %(error_message)s,
+    compute_seconds = %(compute_seconds)s, db_wait_seconds = %(db_wait_seconds)s,
+    storage_wait_seconds = %(storage_wait_seconds)s, usage = %(usage)s::jsonb
+WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
+RETURNING id
+"""
+
+# Succeeded: store the result, merge the state delta into run_state by top-level key.
+COMPLETE = _FINISH.format(
+    fence=LIVE_LEASE,
+    job_set="state = 'succeeded', result = %(result)s::jsonb, run_state = run_state || %(state_delta)s::jsonb, "
+    "finished_at = now()",
+)
+
+# A retryable failure within the attempt budget: queued again after %(delay_seconds)s.
+RETRY_LATER = _FINISH.format(
+    fence=LIVE_LEASE,
+    job_set="state = 'queued', scheduled_at = now() + make_interval(secs => %(delay_seconds)s), "
+    "error_class = %(error_class)s, error_message = %(error_message)s",
+)
+
+# A terminal outcome: failed with %(reason)s.
+FAIL = _FINISH.format(
+    fence=LIVE_LEASE,
+    job_set="state = 'failed', failure_reason = %(reason)s, error_class = %(error_class)s, "
+    "error_message = %(error_message)s, finished_at = now()",
+)
+
+# Set aside (review, needs attention, budget), giving the attempt back.
+PARK = _FINISH.format(
+    fence=LIVE_LEASE,
+    job_set="state = 'parked', attempts = attempts - 1, park_reason = %(reason)s, park_detail = %(detail)s, "
+    "parked_on = %(parked_on)s::jsonb, parked_at = now()",
+)
+
+# Back to the queue without using an attempt (shutdown, a stop pause, an unservable kind, a wait to reconcile).
+RELEASE = _FINISH.format(
+    fence=LIVE_LEASE,
+    job_set="state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %(delay_seconds)s)",
+)
+
+# -- the beat (workers.services.maintenance) ---------------------------------------------------------
+
+# Mark the attempt of every expired lease orphaned. Each reaping statement takes its jobs FOR
+# UPDATE SKIP LOCKED: a job whose row a stalled attempt (or another beat replica) has locked is
+# left for a later tick instead of waited for, so neither a partitioned worker nor a partitioned
+# beat can stall the reaper. The locks last until COMMIT, so the next two statements act on the
+# rows this one orphaned, and a concurrent replica skips them.
+REAP_ORPHAN_ATTEMPTS = """
+WITH expired AS (
+    SELECT id, lease_token, lease_expires_at FROM workers_job
+    WHERE state = 'running' AND lease_expires_at < now()
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE workers_attempt a
+SET outcome = 'orphaned', finished_at = now(),
+    error_message = 'lease expired at '
+        || to_char(j.lease_expires_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ' without a report'
+FROM expired j
+WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
+"""
+
+# Requeue at_least_once jobs whose lease expired more than %s (grace) seconds ago, with attempts
+# and time left; returns them for the doorbell.
+REAP_REQUEUE = """
+UPDATE workers_job
+SET state = 'queued', scheduled_at = now(), lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
+    error_class = 'LeaseExpired', error_message = 'the previous attempt''s lease expired; requeued'
+WHERE id IN (
+    SELECT id FROM workers_job
+    WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+      AND delivery = 'at_least_once' AND attempts < max_attempts
+      AND (deadline_at IS NULL OR deadline_at > now())
+    FOR NO KEY UPDATE SKIP LOCKED
+) AND state = 'running'
+RETURNING id, queue, version
+"""
+
+# Fail (orphaned) every other job whose lease expired more than %s (grace) seconds ago.
+REAP_FAIL = """
+UPDATE workers_job
+SET state = 'failed', failure_reason = 'orphaned', lease_holder = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now(), error_class = 'LeaseExpired',
+    error_message = CASE WHEN delivery = 'at_most_once'
+        THEN 'lease expired; at_most_once does not run a body twice'
+        ELSE 'lease expired and no attempts or time remain' END
+WHERE id IN (
+    SELECT id FROM workers_job
+    WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
+    FOR NO KEY UPDATE SKIP LOCKED
+) AND state = 'running'
+"""
+
+# Fail (deadline_exceeded) queued jobs whose overall deadline passed before they ran.
+FAIL_PAST_DEADLINE = """
+UPDATE workers_job
+SET state = 'failed', failure_reason = 'deadline_exceeded', finished_at = now(), updated_at = now(),
+    error_class = 'DeadlineExceeded', error_message = 'the job''s overall deadline passed before it ran'
+WHERE id IN (
+    SELECT id FROM workers_job
+    WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at <= now()
+    FOR NO KEY UPDATE SKIP LOCKED
+) AND state = 'queued'
+"""
+
+# The queues with queued jobs, then each queue's first %s due, unpaused jobs in claim order (the
+# dispatcher rings for them; it does not wake workers for jobs a live pause holds back).
+#
+# Planner note. ``SELECT DISTINCT queue FROM workers_job WHERE state = 'queued'`` reads every
+# queued row (an index-only scan of all of job_claim_idx: 76 ms with 200k queued jobs, on every
+# beat tick). PostgreSQL 15 has no skip scan, so the recursive CTE does one by hand (a "loose
+# index scan"): each step asks job_claim_idx, whose leading column is queue, for the first
+# queue after the previous one, one index descent per queue: O(queues * log rows).
+# The due check stays in the LATERAL, exactly where it was: a queue whose jobs are all
+# delayed yields no row there, as it yielded none from the DISTINCT before.
+DISPATCH_DUE = (
+    """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.state = 'queued' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, d.id, d.version
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT id, version FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= now() AND """  # noqa: S608 (composed from constant fragments; values are bound)
+    + _JOB_NOT_PAUSED
+    + """
+    ORDER BY priority DESC, scheduled_at, id LIMIT %s
+) d
+WHERE q.queue IS NOT NULL
+"""
+)
+
+# -- jobs (workers.services.jobs) ----------------------------------------------------------------------
+
+# The columns of an enqueued job: the caller's values first (one bound value each, in
+# jobs._Row's order), then the constants every new job starts with (JOB_ROW's literals).
+JOB_INSERT_COLUMNS = (
+    "kind, version, queue, input, input_fingerprint, idempotency_key, priority, delivery, scheduled_at, deadline_at, "
+    "max_attempts, timeout_seconds, correlation_id, trace_id, created_by, created_at, updated_at, "
+    "state, attempts, lease_token, progress, run_state, usage, error_class, error_message, park_detail, parked_on"
+)
+JOB_ROW = (
+    "(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "'queued', 0, 0, '{}', '{}', '{}', '', '', '', '{}')"
+)
+
+
+@cache
+def insert_jobs(rows: int) -> str:
+    """Insert ``rows`` jobs (a key already used for the kind skips its row); returns (trace_id, id)
+    of the inserted ones. Built at call time only in this way: JOB_ROW, a constant, ``rows`` times."""
+    if not 1 <= rows <= 500:
+        raise ValueError("insert_jobs takes 1..500 rows (enqueue_many sends chunks of 500)")
+    return (
+        f"INSERT INTO workers_job ({JOB_INSERT_COLUMNS}) VALUES {', '.join([JOB_ROW] * rows)} "  # noqa: S608 (a constant row, repeated)
+        "ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING "
+        "RETURNING trace_id, id"
+    )
+
+
+# The job holding a kind's idempotency key, and its input's fingerprint (params: kind, key).
+JOB_BY_KEY = "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s"
+
+# Queue again the jobs among %s still parked for reason %s; returns them for the doorbell.
+UNPARK_JOBS = (
+    "UPDATE workers_job SET state = 'queued', park_reason = NULL, park_detail = '', parked_on = '{}'::jsonb, "
+    "parked_at = NULL, scheduled_at = now(), updated_at = now() "
+    "WHERE id = ANY(%s) AND state = 'parked' AND park_reason = %s RETURNING id, queue, version"
+)
+
+# -- budgets (workers.services.budgets) ----------------------------------------------------------------
+
+# Budget b applies to a job of %(kind)s, %(queue)s and %(tenant)s.
+_BUDGET_APPLIES = (
+    "(b.scope = 'global' OR (b.scope = 'queue' AND b.target = %(queue)s) OR (b.scope = 'kind' AND b.target = %(kind)s))"
+    " AND (b.tenant = '' OR b.tenant = %(tenant)s)"
+)
+# Today, in budget b's own time zone: the period its usage row counts.
+_BUDGET_PERIOD = "(now() AT TIME ZONE b.timezone)::date"
+
+# The budgets that cover a job of this kind, queue and tenant, in id order (whole rows, for Budget.objects.raw).
+APPLICABLE_BUDGETS = "SELECT b.* FROM workers_budget b WHERE " + _BUDGET_APPLIES + " ORDER BY b.id"  # noqa: S608 (composed from constant fragments; values are bound)
+
+# Create this period's usage rows of the budgets {where} selects; returns (budget id, name, period).
+_ENSURE_USAGE = """
+WITH b AS (SELECT b.id, b.name, {period} AS period FROM workers_budget b WHERE {where}),
+ins AS (
+    INSERT INTO workers_budgetusage
+        (budget_id, period, spent_minor, reserved_minor, requests, attempts, run_seconds, updated_at)
+    SELECT id, period, 0, 0, 0, 0, 0, now() FROM b
+    ON CONFLICT (budget_id, period) DO NOTHING
+)
+SELECT id, name, period FROM b ORDER BY id
+"""
+# … of the budgets that apply to a job of %(kind)s, %(queue)s and %(tenant)s.
+ENSURE_USAGE_APPLICABLE = _ENSURE_USAGE.format(period=_BUDGET_PERIOD, where=_BUDGET_APPLIES)
+# … of the budgets whose ids are in %(ids)s.
+ENSURE_USAGE_BY_ID = _ENSURE_USAGE.format(period=_BUDGET_PERIOD, where="b.id = ANY(%(ids)s)")
+
+# Reserve %(est)s and one request on every applicable budget with room; returns (usage id, budget id)
+# of each granted row. The conditional UPDATE is the decision: PostgreSQL re-checks each row's
+# condition after taking its lock, so two workers racing for the last unit cannot both pass.
+RESERVE = (
+    """
+UPDATE workers_budgetusage u
+SET reserved_minor = u.reserved_minor + %(est)s, requests = u.requests + 1, updated_at = now()
+FROM workers_budget b
+WHERE u.budget_id = b.id AND u.period = """
+    + _BUDGET_PERIOD
+    + " AND "
+    + _BUDGET_APPLIES
+    + """
+  AND (b.spend_limit_minor IS NULL OR u.spent_minor + u.reserved_minor + %(est)s <= b.spend_limit_minor)
+  AND (b.request_limit IS NULL OR u.requests + 1 <= b.request_limit)
+RETURNING u.id, u.budget_id
+"""
+)
+
+# Turn a reservation (params: reserved, actual cost, usage id) into spend; returns the budget id.
+SETTLE_RESERVATION = (
+    "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
+    "spent_minor = spent_minor + %s, updated_at = now() WHERE id = %s RETURNING budget_id"
+)
+
+# Give a reservation back (params: reserved, requests to refund (0 or 1), usage id): the call did not happen.
+RELEASE_RESERVATION = (
+    "UPDATE workers_budgetusage SET reserved_minor = GREATEST(reserved_minor - %s, 0), "
+    "requests = GREATEST(requests - %s, 0), updated_at = now() WHERE id = %s"
+)
+
+# The budgets a claim must check: id, name, scope, target, tenant, concurrency limit, and whether
+# it counts attempts or run time.
+CLAIM_BUDGETS = (
+    "SELECT b.id, b.name, b.scope, b.target, b.tenant, b.concurrency_limit, "
+    "b.attempt_limit IS NOT NULL OR b.run_seconds_limit IS NOT NULL "
+    "FROM workers_budget b WHERE " + _BUDGET_APPLIES + " ORDER BY b.id"
+)
+
+# Lock the concurrency-limited budgets whose ids are in %s, in id order: claims in one
+# concurrency scope take turns on the budget row.
+LOCK_BUDGETS = "SELECT id FROM workers_budget WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+
+# The running jobs in a budget's concurrency scope (%(target)s; %(tenant)s when the budget has
+# one), keyed by (scope, has a tenant). Built once from these two fixed whitelists, not per call.
+_SCOPE_FILTER = {"global": "TRUE", "queue": "queue = %(target)s", "kind": "kind = %(target)s"}
+_TENANT_FILTER = {False: "", True: "AND input->>'tenant' = %(tenant)s"}
+COUNT_RUNNING_IN_SCOPE = {
+    (scope, by_tenant): f"SELECT count(*) FROM workers_job WHERE state = 'running' AND {scope_sql} {tenant_sql}"  # noqa: S608 (fragments from the two whitelists above)
+    for scope, scope_sql in _SCOPE_FILTER.items()
+    for by_tenant, tenant_sql in _TENANT_FILTER.items()
+}
+
+# Count one attempt on each budget in %(ids)s with attempts and run time left; returns (usage id, budget id).
+COUNT_CLAIM_ATTEMPT = (
+    """
+UPDATE workers_budgetusage u SET attempts = u.attempts + 1, updated_at = now()
+FROM workers_budget b
+WHERE u.budget_id = b.id AND u.period = """
+    + _BUDGET_PERIOD
+    + """ AND b.id = ANY(%(ids)s)
+  AND (b.attempt_limit IS NULL OR u.attempts < b.attempt_limit)
+  AND (b.run_seconds_limit IS NULL OR u.run_seconds < b.run_seconds_limit)
+RETURNING u.id, u.budget_id
+"""
+)
+
+# Add an attempt's run time (params: seconds, usage ids).
+ADD_RUN_SECONDS = "UPDATE workers_budgetusage SET run_seconds = run_seconds + %s, updated_at = now() WHERE id = ANY(%s)"
+
+# -- the operations ledger (workers.ledger) ----------------------------------------------------------
+
+# Each ledger UPDATE of an operation row runs after HOLD_LEASE in the same transaction, and names
+# the row by %(op)s. %(any_holder)s false: only if the attempt that marked it in flight still
+# holds it (lease_token = %(token)s); true: whichever attempt of this job left it (a reconcile,
+# a question to a person). Zero rows: the row itself moved on (another job with the same key, a
+# person's resolution), never to be overwritten.
+_OPERATION_ROW = " updated_at = now() WHERE id = %(op)s AND (%(any_holder)s OR lease_token = %(token)s)"
+
+# The outcome is open (a timeout, a crash, an unreconcilable answer): say why in %(msg)s.
+OPERATION_UNCERTAIN = "UPDATE workers_operation SET state = 'uncertain', error_message = %(msg)s," + _OPERATION_ROW  # noqa: S608 (composed from constant fragments; values are bound)
+
+# Reconcile proved the call absent: failed, resolution absent, reservations released.
+OPERATION_PROVEN_ABSENT = (
+    "UPDATE workers_operation SET state = 'failed', resolution = 'absent', reservations = '[]'::jsonb, "  # noqa: S608 (composed from constant fragments; values are bound)
+    "error_message = %(msg)s," + _OPERATION_ROW
+)
+
+# The call happened (succeeded, or reconciled as found): store the result, cost and usage. A re-send
+# after reconcile proved the first absent keeps that history (resolution absent).
+OPERATION_SUCCEEDED = (
+    "UPDATE workers_operation SET state = %(state)s, "  # noqa: S608 (composed from constant fragments; values are bound)
+    "resolution = CASE WHEN %(resolution)s = '' THEN resolution ELSE %(resolution)s END, "
+    "external_id = %(ext)s, response = %(resp)s::jsonb, result = %(result)s::jsonb, cost_minor = %(cost)s, "
+    "overshoot_minor = %(over)s, usage = %(usage)s::jsonb, reservations = '[]'::jsonb, error_message = '', "
+    "settled_at = now()," + _OPERATION_ROW
+)
+
+# The provider definitely did not act (not performed, declined): failed, safe to re-send.
+OPERATION_NOT_DONE = (
+    "UPDATE workers_operation SET state = 'failed', reservations = '[]'::jsonb, error_message = %(msg)s, "  # noqa: S608 (composed from constant fragments; values are bound)
+    "settled_at = now()," + _OPERATION_ROW
+)
+
+# Seconds (database clock) since the last send under operation %s can have left: the end of the
+# lease of the attempt that marked it in flight (or the row's last write, without an attempt row).
+SECONDS_SINCE_LAST_SEND = (
+    "SELECT EXTRACT(EPOCH FROM now() - CASE WHEN a.id IS NULL THEN o.updated_at "
+    "ELSE GREATEST(a.started_at, a.heartbeat_at, COALESCE(a.finished_at, now())) END) "
+    "FROM workers_operation o LEFT JOIN workers_attempt a ON a.id = o.attempt_id WHERE o.id = %s"
+)
+
+# Record a first send as in flight (its key unused so far); returns its id, or nothing when the
+# key is another job's.
+INSERT_OPERATION = """
+INSERT INTO workers_operation
+    (job_id, attempt_id, lease_token, name, key, kind, fingerprint, params, state, resolution,
+     external_id, response, result, amount_minor, target, estimate_minor, cost_minor, usage,
+     reservations, error_message, attempts, created_at, updated_at, settled_at)
+SELECT %(job)s, %(attempt)s, %(token)s, %(name)s, %(key)s, %(kind)s, %(fp)s, %(params)s::jsonb,
+       'in_flight', '', '', '{}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{}',
+       %(res)s::jsonb, '', 1, now(), now(), NULL
+ON CONFLICT (key) DO NOTHING
+RETURNING id
+"""
+
+# Record a re-send of failed operation %(op)s as in flight, for this attempt.
+RESEND_OPERATION = """
+UPDATE workers_operation
+SET state = 'in_flight', attempt_id = %(attempt)s, lease_token = %(token)s, reservations = %(res)s::jsonb,
+    estimate_minor = %(est)s, attempts = attempts + 1, error_message = '', updated_at = now()
+WHERE id = %(op)s AND state = 'failed'
+"""
+
+# -- people settling an operation (workers.services.operations) ------------------------------------
+
+# Lock the job of operation %s (the job row first, then its operation: the ledger's lock order);
+# returns its id, state and park reason.
+LOCK_JOB_OF_OPERATION = (
+    "SELECT j.id, j.state, j.park_reason FROM workers_job j JOIN workers_operation o ON o.job_id = j.id "
+    "WHERE o.id = %s FOR UPDATE OF j"
+)
+
+# A person settles an open operation as happened or not. An operation may be settled by a person
+# only while no attempt can act on it: its job parked needing attention, or finished (a cancelled
+# or failed job's open operation would otherwise hold its budget reservation for ever). A queued
+# or running job's attempt reconciles and settles the operation itself; a person's resolution
+# would race it (two settlements of the same reservations, or "did not happen" recorded while the
+# attempt sees it happen). Params: state, resolution, happened, proof, happened, result, happened,
+# message, operation id.
+RESOLVE_OPERATION = """
+UPDATE workers_operation o SET state = %s, resolution = %s,
+    external_id = CASE WHEN %s THEN %s ELSE o.external_id END,
+    result = CASE WHEN %s THEN %s::jsonb ELSE o.result END,
+    cost_minor = CASE WHEN %s THEN o.estimate_minor ELSE o.cost_minor END,
+    reservations = '[]'::jsonb, error_message = %s, settled_at = now(), updated_at = now()
+FROM workers_job j
+WHERE o.id = %s AND j.id = o.job_id AND o.state IN ('in_flight', 'uncertain')
+  AND ((j.state = 'parked' AND j.park_reason = 'needs_attention') OR j.state IN ('succeeded', 'failed', 'cancelled'))
+"""
+
+# -- session bounds (workers.dbsession) ----------------------------------------------------------------
+
+# Bound this session's statements, lock waits and idle transactions (params: the three durations).
+SESSION_BOUNDS = (
+    "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false), "
+    "set_config('idle_in_transaction_session_timeout', %s, false)"
+)
