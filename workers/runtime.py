@@ -22,7 +22,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
-from koala.redaction import redact_text, sensitive_values
+from koala import redaction
+from koala.redaction import redact_text
 from workers import doorbell, kinds
 from workers.errors import (
     AttemptTimeout,
@@ -61,6 +62,9 @@ class JobContext:
         self.created_by = lease.created_by
         self.attempt = lease.attempts
         self.input = lease.input
+        # What this attempt masks in every sink (bound by the runtime around the body and its
+        # reports): the kind's sensitive fields and their values in the input.
+        self.redactor = kind.redactor(lease.input)
         self.run_state = lease.run_state
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id
@@ -327,7 +331,13 @@ class WorkerRuntime:
             )
             return
         ctx = JobContext(lease, kind, self)
-        secrets = sensitive_values(lease.input, sensitive=kind.sensitive_fields)
+        # One redaction context for the whole attempt: the body's log records and Sentry events,
+        # and every message the reports below store, mask the job's declared values.
+        with redaction.bind(ctx.redactor):
+            self._attempt(ctx, kind)
+
+    def _attempt(self, ctx: JobContext, kind: kinds.JobKind) -> None:
+        lease = ctx.lease
         started = time.monotonic()
         outcome: tuple[str, Any] = ("ok", None)
         try:
@@ -361,14 +371,14 @@ class WorkerRuntime:
             storage_wait_seconds=ctx.waits["storage"],
             usage=ctx.usage or None,
         )
-        self._settle(ctx, kind, outcome, report, secrets)
+        self._settle(ctx, kind, outcome, report)
         if lease.budget_usage_ids:
             try:
                 budgets.add_run_seconds(usage_ids=lease.budget_usage_ids, seconds=elapsed)
             except (OperationalError, InterfaceError):
                 connection.close()  # run time is advisory accounting; losing one sample is acceptable
 
-    def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report, secrets: list[str]) -> None:
+    def _settle(self, ctx: JobContext, kind: kinds.JobKind, outcome: tuple[str, Any], report: Report) -> None:
         lease = ctx.lease
         what, value = outcome
         if ctx.rejection is not None and what != "ok":
@@ -389,7 +399,7 @@ class WorkerRuntime:
                 Outcome.INTERRUPTED,
                 leases.release,
                 outcome=Outcome.INTERRUPTED,
-                message=redact_text(value.detail, secrets=secrets),
+                message=redact_text(value.detail),
                 delay_seconds=value.delay_seconds,
             )
             return
@@ -453,7 +463,7 @@ class WorkerRuntime:
         error_class = type(error).__name__
         if isinstance(error, TerminalFailure) and error.code != "terminal":
             error_class = f"{error_class}:{error.code}"
-        message = redact_text(str(error), secrets=secrets)
+        message = redact_text(str(error))
         if isinstance(error, Retryable):
             if lease.attempts < lease.max_attempts:
                 delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts)
