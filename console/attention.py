@@ -13,7 +13,6 @@ from typing import Any
 from django.db import transaction
 
 from koala.audit import record_audit
-from koala.redaction import redact_data, redact_text
 from workers import kinds
 from workers.models import Operation
 from workers.services.operations import needing_attention
@@ -35,15 +34,14 @@ def open_operations(*, actor: str, limit: int = 200) -> list[OpenOperation]:
     rows = []
     operations = needing_attention()[:limit]
     for op in operations:
-        kind = kinds.get(op.job.kind, op.job.version)
-        declared = kind.sensitive_fields if kind else frozenset()
+        redactor = kinds.job_redactor(op.job)
         rows.append(
             OpenOperation(
                 operation=op,
-                params=redact_data(op.params, sensitive=declared),
-                response=redact_data(op.response, sensitive=declared),
-                error=redact_text(op.error_message),
-                park_detail=redact_text(op.job.park_detail),
+                params=redactor.data(op.params),
+                response=redactor.data(op.response),
+                error=redactor.text(op.error_message),
+                park_detail=redactor.text(op.job.park_detail),
             )
         )
     with transaction.atomic():

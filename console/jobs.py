@@ -19,7 +19,7 @@ from django.db.models import Count, Max, Q, QuerySet
 from django.utils.functional import cached_property
 
 from koala.audit import record_audit
-from koala.redaction import redact_data, redact_text, sensitive_values
+from koala.redaction import Redactor, redact_text
 from workers import kinds
 from workers.errors import EnqueueError, JobStateError
 from workers.models import Attempt, FailureReason, Job, JobState, Operation, Outcome, ParkReason
@@ -164,6 +164,7 @@ class OperationRow:
 @dataclass
 class JobRecord:
     job: Job
+    redactor: Redactor  # the job's redaction context (workers.kinds.job_redactor)
     input: Any
     run_state: Any
     result: Any
@@ -204,22 +205,18 @@ def _split(attempt: Attempt, duration: float | None) -> list[tuple[str, float, f
     return [(name, seconds, round(100 * seconds / total, 1)) for name, seconds in parts]
 
 
-def _sensitive(job: Job) -> tuple[frozenset[str], list[str]]:
-    kind = kinds.get(job.kind, job.version)
-    declared = kind.sensitive_fields if kind else frozenset()
-    return declared, sensitive_values(job.input, sensitive=declared)
-
-
 def read_job(*, job_id: int, actor: str) -> JobRecord:
-    """One job as a person sees it, redacted, with the read written to the audit log."""
+    """One job as a person sees it, redacted with the job's redaction context (the record
+    carries it: the page joins it to the request's, for what its template shows), with the read
+    written to the audit log."""
     job = Job.objects.get(pk=job_id)
-    declared, secrets = _sensitive(job)
+    redactor = kinds.job_redactor(job)
 
     def text(value: str) -> str:
-        return redact_text(value, secrets=secrets, limit=2_000)
+        return redactor.text(value, limit=2_000)
 
     def data(value: Any) -> Any:
-        return redact_data(value, sensitive=declared)
+        return redactor.data(value)
 
     attempts = []
     for attempt in job.attempt_set.order_by("number"):
@@ -242,6 +239,7 @@ def read_job(*, job_id: int, actor: str) -> JobRecord:
         record_audit(actor=actor, action="read", target_type="job", target_id=job.pk)
     return JobRecord(
         job=job,
+        redactor=redactor,
         input=data(job.input),
         run_state=data(job.run_state),
         result=data(job.result),

@@ -185,6 +185,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: one redaction context per request, for its logs, Sentry events and pages (koala/redaction.py).
+    "koala.redaction.RedactionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files come from the app itself (no CDN, no extra web server); right after security headers.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -284,17 +286,29 @@ LOGGING = {
         "console": {"class": "koala.log_handlers.PipeSafeStreamHandler", "formatter": "plain", "filters": ["redact"]},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"rq.worker": {"level": "WARNING"}},
+    "loggers": {
+        "rq.worker": {"level": "WARNING"},
+        # Django's own handlers format records without the redacting filter: its debug console
+        # would print a request error's traceback (exception text and all) and the dev server's
+        # access line carries the raw query string. Both go through Koala's handler instead
+        # (no mail_admins either: ADMINS is not configurable, and it would mail tracebacks).
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
 }
 
 if SENTRY_DSN:
     import sentry_sdk
 
-    from koala.redaction import scrub_sentry_event
+    from koala.redaction import scrub_sentry_breadcrumb, scrub_sentry_event
 
+    # Every event and breadcrumb is masked with the redaction context of the attempt or request
+    # that produces it (docs/redaction.md); frame locals are never collected.
     sentry_sdk.init(
         dsn=SENTRY_DSN,
         send_default_pii=False,
         before_send=scrub_sentry_event,  # type: ignore[arg-type]
+        before_send_transaction=scrub_sentry_event,  # type: ignore[arg-type]
+        before_breadcrumb=scrub_sentry_breadcrumb,  # type: ignore[arg-type]
         include_local_variables=False,
     )

@@ -287,3 +287,53 @@ def _leaky_body(ctx: JobContext, data: dict[str, Any]) -> None:
 job_kind("tests.leaky", version=1, queue="default", max_attempts=1, timeout_seconds=30, sensitive_fields={"customer_code"})(
     _leaky_body
 )
+
+
+# -- Redaction (tests/integration/test_redaction_sinks.py, tests/acceptance/test_sentry.py) ------
+
+
+def _careless_body(ctx: JobContext, data: dict[str, Any]) -> None:
+    """A body careless with its secrets (tests.planted.Planted.job_input()): it repeats its
+    declared-sensitive values and fragments of its prompt and document outside their fields, in
+    log messages, log ``extra``, an exception logged with its traceback, its checkpoint, its run
+    state, an operation's error and its own errors. Attempt 1 ends Retryable (through the ledger),
+    attempt 2 fatal. Every sink must mask what it repeats."""
+    import logging
+
+    import sentry_sdk
+
+    from workers.errors import NotPerformed
+
+    log = logging.getLogger("tests.leaky")
+    memo, document = data["memo"], data["dossier"]
+    log.warning("attempt %s quoting %s", ctx.attempt, memo)  # a log line and a Sentry breadcrumb
+    log.info("note: %s", data.get("note", ""), extra={"excerpt": document[200:260], "pin_again": data["pin"]})
+    log.error("the model refused %s", data["prompt"][:100], extra={"memo": memo, "request": {"prompt": data["prompt"][:80]}})
+    try:
+        raise LookupError(f"no clause like {document[len(document) // 2 : len(document) // 2 + 30]} for {data['pin']}")
+    except LookupError:
+        log.exception("lookup failed for %s", memo)
+        sentry_sdk.capture_exception()  # an exception event (a no-op where Sentry is not configured)
+    sentry_sdk.capture_message(f"still careless with {memo}")
+    ctx.progress(checkpoint=memo, note=data.get("note", ""))
+    ctx.heartbeat()  # stores the checkpoint now
+    ctx.set_state(last_memo=memo)
+    if ctx.attempt == 1:
+
+        def refuse(key: str) -> Any:
+            raise NotPerformed(f"the provider refused {memo}")
+
+        ctx.operation("ask", kind="model_call", params={"question": memo}, perform=refuse)
+    raise ValueError(f"could not summarise {data['prompt'][:100]} for {data['pin']} ({data.get('note', '')})")
+
+
+job_kind(
+    "leaky",
+    version=1,
+    queue="default",
+    max_attempts=2,
+    timeout_seconds=30,
+    backoff_base=0.01,
+    backoff_cap=0.02,
+    sensitive_fields={"pin", "dossier"},
+)(_careless_body)

@@ -3,18 +3,20 @@ service (fenced, audited). Actions call those services."""
 
 from __future__ import annotations
 
+import copy
 import zoneinfo
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from koala import redaction
 from koala.audit import record_audit
 from koala.readonly_admin import ReadOnlyAdmin
-from koala.redaction import redact_data
+from koala.redaction import Redactor
 from workers import kinds
 from workers.errors import JobStateError
 from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
@@ -29,7 +31,7 @@ ATTEMPT_FIELDS: tuple[str, ...] = (
     "started_at",
     "finished_at",
     "error_class",
-    "error_message",
+    "redacted_error_message",
     "compute_seconds",
     "db_wait_seconds",
     "storage_wait_seconds",
@@ -45,6 +47,41 @@ class AttemptInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="error message (redacted)")
+    def redacted_error_message(self, obj: Attempt) -> str:
+        # Masked again with the job's context, which the job page joined to the request's.
+        return redaction.redact_text(obj.error_message, limit=2_000)
+
+
+def redacted_copy(obj: models.Model, redactor: Redactor) -> models.Model:
+    """A copy of a row for a read-only page, every text and JSON field passed through ``redactor``
+    (never saved: these pages change nothing)."""
+    shown = copy.copy(obj)
+    for f in obj._meta.concrete_fields:
+        value = getattr(obj, f.attname)
+        if isinstance(f, models.JSONField):
+            setattr(shown, f.attname, redactor.data(value))
+        elif isinstance(value, str) and not f.choices:
+            setattr(shown, f.attname, redactor.text(value, limit=None))
+    return shown
+
+
+class JobDataAdmin(ReadOnlyAdmin):
+    """The page of a job, or of a row about one: it shows a redacted copy of the row (all fields,
+    checkpoint and usage included) made with the job's redaction context
+    (``workers.kinds.job_redactor``), which also joins the request's for the rest of the page."""
+
+    def job_of(self, obj: Any) -> Job:
+        return obj.job  # type: ignore[no-any-return]
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            return None
+        redactor = kinds.job_redactor(self.job_of(obj))
+        redaction.extend(redactor)
+        return redacted_copy(obj, redactor)
 
 
 def _run_action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job], verb: str, call: Any) -> None:
@@ -62,7 +99,7 @@ def _run_action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Qu
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(JobDataAdmin):
     list_display = [
         "id",
         "kind",
@@ -83,21 +120,21 @@ class JobAdmin(ReadOnlyAdmin):
     exclude = ["input", "run_state", "result"]
     readonly_fields = ["redacted_input", "redacted_run_state", "redacted_result"]
 
-    def _sensitive(self, obj: Job) -> frozenset[str]:
-        kind = kinds.get(obj.kind, obj.version)
-        return kind.sensitive_fields if kind else frozenset()
+    def job_of(self, obj: Job) -> Job:
+        return obj
 
+    # get_object() hands the page a redacted copy: these only label the fields as such.
     @admin.display(description="input (redacted)")
     def redacted_input(self, obj: Job) -> Any:
-        return redact_data(obj.input, sensitive=self._sensitive(obj))
+        return obj.input
 
     @admin.display(description="run state (redacted)")
     def redacted_run_state(self, obj: Job) -> Any:
-        return redact_data(obj.run_state, sensitive=self._sensitive(obj))
+        return obj.run_state
 
     @admin.display(description="result (redacted)")
     def redacted_result(self, obj: Job) -> Any:
-        return redact_data(obj.result, sensitive=self._sensitive(obj))
+        return obj.result
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         # Changing jobs is the operators' role (console.roles); viewing alone must not offer it.
@@ -127,7 +164,7 @@ class JobAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdmin):
+class AttemptAdmin(JobDataAdmin):
     list_display = ["id", "job", "number", "worker_id", "outcome", "started_at", "finished_at", "error_class"]
     list_filter = ["outcome"]
     search_fields = ["=job__id", "worker_id"]
@@ -140,7 +177,7 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Operation)
-class OperationAdmin(ReadOnlyAdmin):
+class OperationAdmin(JobDataAdmin):
     list_display = ["id", "job", "name", "kind", "state", "resolution", "external_id", "cost_minor", "updated_at"]
     list_filter = ["state", "kind", "resolution"]
     search_fields = ["key", "external_id"]

@@ -51,6 +51,9 @@ class JobContext:
         self.created_by = lease.created_by
         self.attempt = lease.attempts
         self.input = lease.input
+        # What this attempt masks in every sink (bound by the runtime around the body and its
+        # report): the kind's sensitive fields and their values in the input.
+        self.redactor = kind.redactor(lease.input)
         self.run_state = lease.run_state
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id

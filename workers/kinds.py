@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from koala.redaction import Redactor
 from workers.errors import EnqueueError
 from workers.models import Delivery
 
 if TYPE_CHECKING:
     from workers.context import JobContext
+    from workers.models import Job
 
 Body = Callable[["JobContext", dict[str, Any]], Any]
 InputValidator = Callable[[dict[str, Any]], None]
@@ -43,6 +45,9 @@ class JobKind:
     deadline_seconds: float | None = None  # overall, from enqueue; None = no deadline
     backoff_base: float = 1.0
     backoff_cap: float = 300.0
+    # Input fields whose values are secrets, short (a token, an account number) or long (a
+    # prompt, a document): masked under their key, and wherever else they or any fragment of
+    # them of koala.redaction.FRAGMENT_WINDOW characters turn up (docs/redaction.md).
     sensitive_fields: frozenset[str] = field(default_factory=frozenset)
     required_fields: frozenset[str] = field(default_factory=frozenset)
     validate: InputValidator | None = None
@@ -67,6 +72,10 @@ class JobKind:
     @property
     def key(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def redactor(self, data: Any) -> Redactor:
+        """The redaction context of a job of this kind with input ``data``."""
+        return Redactor.of(data, sensitive=self.sensitive_fields)
 
     def backoff_seconds(self, attempts_used: int, *, rng: random.Random | None = None) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**n)], n = attempts used so far - 1."""
@@ -135,6 +144,20 @@ def latest(name: str) -> JobKind:
         known = ", ".join(sorted({n for n, _ in _registry})) or "none"
         raise EnqueueError(f"unknown job kind {name!r} (known: {known}).")
     return max(versions, key=lambda k: k.version)
+
+
+def job_redactor(job: Job) -> Redactor:
+    """The redaction context of a stored job: what every page, command and report about it masks.
+
+    Its kind's declared sensitive fields and their values in its input. A version not served in
+    this process borrows the declarations of every version of the kind that is (a field declared
+    sensitive once stays so); a kind unknown here has only the always-sensitive keys.
+    """
+    kind = get(job.kind, job.version)
+    if kind is not None:
+        return kind.redactor(job.input)
+    declared = frozenset(f for (name, _), k in _registry.items() if name == job.kind for f in k.sensitive_fields)
+    return Redactor.of(job.input, sensitive=declared)
 
 
 def served() -> list[JobKind]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from koala.redaction import redact_data, redact_text, sensitive_values
+from koala import redaction
 from workers import hooks, sql
 from workers.errors import (
     Declined,
@@ -147,17 +147,16 @@ class _Ledger:
         self.currency = currency
         self.target = target
         self.tenant = tenant if tenant is not None else ctx.lease.tenant
-        self.secrets = sensitive_values(ctx.lease.input, sensitive=ctx.kind.sensitive_fields) + sensitive_values(
-            params, sensitive=ctx.kind.sensitive_fields
-        )
+        # The attempt's redaction context plus the step's own sensitive parameters.
+        self.redactor = ctx.redactor.learn(params)
         self.fence = {"job": ctx.job_id, "token": ctx.lease.lease_token}
 
     # -- helpers --------------------------------------------------------------------------
     def _redact(self, data: Any) -> Any:
-        return redact_data(data, sensitive=self.ctx.kind.sensitive_fields, secrets=self.secrets)
+        return self.redactor.data(data)
 
     def _text(self, text: str) -> str:
-        return redact_text(text, secrets=self.secrets)
+        return self.redactor.text(text)
 
     def _load(self) -> Operation | None:
         return Operation.objects.filter(key=self.key).first()
@@ -515,4 +514,7 @@ class _Ledger:
 
 
 def run_operation(ctx: JobContext, name: str, **options: Any) -> dict[str, Any]:
-    return _Ledger(ctx, name, **options).run()
+    ledger = _Ledger(ctx, name, **options)
+    # perform()/reconcile() log and raise with the step's parameters in hand: mask those too.
+    with redaction.bind(ledger.redactor):
+        return ledger.run()

@@ -27,6 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from koala import redaction
 from workers import doorbell, kinds, outcomes
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
@@ -189,6 +190,13 @@ class WorkerRuntime:
             self._report(lease, outcomes.decide(outcomes.Unservable(worker=self.name, earlier=earlier), lease, None))
             return
         ctx = JobContext(lease, kind, self)
+        # One redaction context for the whole attempt: the body's log records and Sentry events,
+        # and every message the report below stores, mask the job's declared values.
+        with redaction.bind(ctx.redactor):
+            self._attempt(ctx, kind)
+
+    def _attempt(self, ctx: JobContext, kind: kinds.JobKind) -> None:
+        lease = ctx.lease
         started = time.monotonic()
         ending = self._run_body(ctx, kind)
         elapsed = time.monotonic() - started

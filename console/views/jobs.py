@@ -22,6 +22,7 @@ from console.jobs import (
 )
 from console.roles import OPERATE, VIEW, actor, page
 from console.views.base import render_console
+from koala import redaction
 from workers.errors import JobStateError
 from workers.models import Job
 
@@ -69,6 +70,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         record = read_job(job_id=job_id, actor=actor(request))
     except Job.DoesNotExist:
         raise Http404(f"No job {job_id}.") from None
+    redaction.extend(record.redactor)  # for what the template masks itself (|redacted), and any error report
     return render_console(request, "console/job_detail.html", title=f"Job {job_id}", record=record)
 
 

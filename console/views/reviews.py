@@ -15,7 +15,7 @@ from django.utils import timezone
 from console.jobs import read_job
 from console.roles import REVIEW, VIEW, actor, can, page
 from console.views.base import render_console
-from koala.redaction import redact_data
+from koala import redaction
 from reviews.models import ReviewRequest, ReviewState
 from reviews.services import approve_review, decision_blocker, pending_reviews, reject_review
 
@@ -53,13 +53,15 @@ def _render_detail(request: HttpRequest, review: ReviewRequest, form: DecisionFo
         reject_blocker = decision_blocker(review=review, actor=who, approving=False)
     else:
         approve_blocker = reject_blocker = "your roles do not include review (the reviewers group decides)."
+    record = read_job(job_id=review.job_id, actor=who)  # the job's context; the read is audited
+    redaction.extend(record.redactor)  # for what the template masks itself (|redacted), and any error report
     response = render_console(
         request,
         "reviews/detail.html",
         title=f"Review {review.pk}: {review.action}",
         review=review,
-        summary=redact_data(review.summary),
-        record=read_job(job_id=review.job_id, actor=who),  # the job's context; the read is audited
+        summary=record.redactor.data(review.summary),
+        record=record,
         form=form,
         approve_blocker=approve_blocker,
         reject_blocker=reject_blocker,

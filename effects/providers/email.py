@@ -30,6 +30,7 @@ from django.conf import settings
 from django.core import mail
 from django.core.mail import EmailMessage
 
+from koala import redaction
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
 
 IDEMPOTENCY_HEADER = "X-Koala-Idempotency-Key"
@@ -49,7 +50,8 @@ def send(*, key: str, to: list[str], subject: str, body: str, from_email: str = 
     try:
         return _send(key=key, to=to, subject=subject, body=body, from_email=from_email)
     except (NotPerformed, OutcomeUnknown, Declined) as exc:
-        log.warning("%s (%s)", exc, type(exc).__name__)
+        # Masked before it is logged: the server's reply may echo recipients or the message.
+        log.warning("%s (%s)", redaction.current().text(str(exc)), type(exc).__name__)
         raise
 
 

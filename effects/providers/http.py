@@ -36,12 +36,13 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from koala import redaction
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
 from workers.ledger import Miss, Processing
 
 MAX_PROVIDER_MESSAGE = 300  # characters of a provider's error message kept in ours
 
-# Failed calls are logged here (through the redacting log filter: provider messages may echo secrets).
+# Failed calls are logged here, their messages masked first (provider messages may echo secrets).
 log = logging.getLogger("koala.providers")
 
 
@@ -55,6 +56,13 @@ class Endpoint:
     # The provider's processing window (seconds): how long after receiving a request a lookup
     # by its key may still miss it. Generous by default: a miss is proof only after it.
     processing_window: float = 60.0
+
+
+def _masked(exc: Exception) -> str:
+    """A failed call's message (status, class and the provider's text, which may echo what the job
+    sent) masked with the attempt's redaction context before it is logged: the record never holds
+    it raw, whatever handlers (with or without Koala's filter) a deployment attaches."""
+    return redaction.current().text(str(exc), limit=MAX_PROVIDER_MESSAGE + 200)
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -89,7 +97,7 @@ class JsonClient:
         try:
             return self._post(path, body, idempotency_key=idempotency_key)
         except (NotPerformed, OutcomeUnknown, Declined) as exc:
-            log.warning("%s (%s)", exc, type(exc).__name__)
+            log.warning("%s (%s)", _masked(exc), type(exc).__name__)
             raise
 
     def _post(self, path: str, body: dict[str, Any], *, idempotency_key: str) -> dict[str, Any]:
@@ -126,7 +134,7 @@ class JsonClient:
         try:
             status, _, answer = self._exchange("GET", query, body=None, idempotency_key="")
         except (NotPerformed, OutcomeUnknown) as exc:
-            log.warning("lookup failed: %s (%s)", exc, type(exc).__name__)
+            log.warning("lookup failed: %s (%s)", _masked(exc), type(exc).__name__)
             raise
         window = self.endpoint.processing_window
         if status == 200 and isinstance(answer, dict):

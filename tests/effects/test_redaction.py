@@ -9,6 +9,7 @@ there to leak: the provider received them and the job input holds them.
 from __future__ import annotations
 
 import json
+import logging
 from io import StringIO
 
 import pytest
@@ -19,6 +20,8 @@ from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from tests.acceptance.support import wait_state, wait_workers_ready
 from tests.effects.conftest import PROVIDER_API_KEY, effects_env
+from tests.inprocess import run_until
+from tests.planted import planted
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 
@@ -113,8 +116,9 @@ def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_review
         assert needle not in listing, f"{needle!r} is in koala_reviews output"
     # What was masked is still recognisable as masked, not silently dropped.
     assert "[redacted]" in records and "[redacted]" in listing
-    # The worker did log the provider's failures (with their secret-bearing messages), masked.
-    assert "upstream failed for pay with [redacted]" in logs and "card_declined" in logs
+    # The worker did log the provider's failures (with their secret-bearing messages), masked: the
+    # message echoes the whole description, a declared-sensitive value, so all of it is masked.
+    assert "upstream failed for [redacted];" in logs and "card_declined" in logs
 
 
 def test_an_operation_target_is_stored_redacted(provider: FakeProvider, redis_clean: None) -> None:
@@ -127,3 +131,39 @@ def test_an_operation_target_is_stored_redacted(provider: FakeProvider, redis_cl
     targets = list(Operation.objects.filter(job_id=job_id).values_list("target", flat=True))
     assert len(targets) == 2
     assert all(TOKEN not in target and "[redacted]" in target for target in targets), targets
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def test_the_provider_client_logs_no_provider_text_unmasked(provider: FakeProvider, redis_clean: None) -> None:
+    """The payment client logs a failed call at WARNING; the provider's message (here it echoes
+    the job's sensitive description) reaches no handler unmasked: not Koala's (filtered), not one
+    a deployer adds to the client's own logger (which runs before any filter on the root)."""
+    secrets = planted()
+    direct, root = _Lines(), _Lines()
+    providers = logging.getLogger("koala.providers")
+    providers.addHandler(direct)
+    logging.getLogger().addHandler(root)
+    description = f"gift for {secrets.declared}: {secrets.prompt[:60]}"
+    try:
+        provider.fault("5xx", resource="orders", status=500, message=f"upstream failed for {description}", times=1)
+        job_id = enqueue(
+            kind="shop.order_and_charge",
+            input={"reference": "o-1", "amount_minor": 900, "currency": "EUR", "description": description},
+        ).job_id
+        run_until(job_id, "succeeded")
+    finally:
+        providers.removeHandler(direct)
+        logging.getLogger().removeHandler(root)
+    assert any("orders" in line and "500" in line for line in direct.lines), direct.lines
+    for lines in (direct.lines, root.lines):
+        text = "\n".join(lines)
+        assert secrets.declared not in text and secrets.prompt[:30] not in text, text
+        assert PROVIDER_API_KEY not in text

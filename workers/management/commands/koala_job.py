@@ -7,7 +7,6 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from koala.audit import record_audit
-from koala.redaction import redact_data
 from workers import kinds
 from workers.management.commands._common import cli_actor, existing_job
 
@@ -22,8 +21,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         job = existing_job(options["job_id"])
-        kind = kinds.get(job.kind, job.version)
-        sensitive = kind.sensitive_fields if kind else frozenset()
+        redactor = kinds.job_redactor(job)  # what every page about this job masks, masked here too
         with transaction.atomic():
             record_audit(actor=cli_actor(options["actor"]), action="read", target_type="job", target_id=job.pk)
         attempts = [
@@ -34,7 +32,7 @@ class Command(BaseCommand):
                 "outcome": a.outcome,
                 "started_at": a.started_at.isoformat(),
                 "finished_at": a.finished_at.isoformat() if a.finished_at else None,
-                "error": f"{a.error_class}: {a.error_message}" if a.error_class else a.error_message,
+                "error": redactor.text(f"{a.error_class}: {a.error_message}" if a.error_class else a.error_message),
                 "compute_s": a.compute_seconds,
                 "db_wait_s": a.db_wait_seconds,
                 "storage_wait_s": a.storage_wait_seconds,
@@ -49,8 +47,8 @@ class Command(BaseCommand):
             "state": job.state,
             "delivery": job.delivery,
             "attempts": f"{job.attempts}/{job.max_attempts}",
-            "idempotency_key": job.idempotency_key,
-            "input": redact_data(job.input, sensitive=sensitive),
+            "idempotency_key": redactor.data(job.idempotency_key),
+            "input": redactor.data(job.input),
             "scheduled_at": job.scheduled_at.isoformat(),
             "deadline_at": job.deadline_at.isoformat() if job.deadline_at else None,
             "lease": {
@@ -58,15 +56,15 @@ class Command(BaseCommand):
                 "holder": job.lease_holder,
                 "expires_at": job.lease_expires_at.isoformat() if job.lease_expires_at else None,
             },
-            "progress": job.progress,
-            "run_state": redact_data(job.run_state, sensitive=sensitive),
-            "result": redact_data(job.result, sensitive=sensitive),
-            "usage": job.usage,
+            "progress": redactor.data(job.progress),
+            "run_state": redactor.data(job.run_state),
+            "result": redactor.data(job.result),
+            "usage": redactor.data(job.usage),
             "failure_reason": job.failure_reason,
-            "error": f"{job.error_class}: {job.error_message}" if job.error_class else "",
+            "error": redactor.text(f"{job.error_class}: {job.error_message}") if job.error_class else "",
             "trace_id": job.trace_id,
             "correlation_id": job.correlation_id,
-            "created_by": job.created_by,
+            "created_by": redactor.text(job.created_by, limit=None),
             "attempt_log": attempts,
         }
         if options["json"]:
