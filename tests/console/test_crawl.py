@@ -96,14 +96,12 @@ class Planted:
     jwt: str
     card_spaces: str
     card_dashes: str
+    card_plus: str  # "+" between the groups: a card number that went through a URL-encoded form
     declared: dict[str, str]  # kind -> the value of a field that kind declares sensitive
-    # TODO(lead): add the two shapes the redaction helper is fixing once merged: a declared value
-    # quoted inside a NON-sensitive input field (e.g. a memo repeating it), and a card number
-    # written with "+" separators (URL-encoded spaces). Left out here on purpose.
 
     @classmethod
     def new(cls) -> Planted:
-        visa, mastercard = _luhn_card("4"), _luhn_card("5")
+        visa, mastercard, amex_like = _luhn_card("4"), _luhn_card("5"), _luhn_card("4")
         spaces = " ".join(visa[i : i + 4] for i in range(0, 16, 4))
         dashes = "-".join(mastercard[i : i + 4] for i in range(0, 16, 4))
         jwt = ".".join([_b64({"alg": "HS256", "typ": "JWT"}), _b64({"sub": _token(12), "run": _token(8)}), _token(43)])
@@ -115,6 +113,7 @@ class Planted:
             jwt=jwt,
             card_spaces=spaces,
             card_dashes=dashes,
+            card_plus="+".join(amex_like[i : i + 4] for i in range(0, 16, 4)),
             declared={kind: f"{kind.split('.')[-1]}-{_token(18)}" for kind in ("boom", "tests.leaky", "shop")},
         )
 
@@ -123,7 +122,7 @@ class Planted:
         return (
             f"retry with Authorization: Bearer {self.bearer}; key {self.sk_proj}; aws {self.akia}; "
             f"repo https://deploy:{self.url_password}@git.example.internal/app.git; session {self.jwt}; "
-            f"card {self.card_spaces} or {self.card_dashes}"
+            f"card {self.card_spaces} or {self.card_dashes} or {self.card_plus}"
         )
 
     def never_shown(self) -> dict[str, str]:
@@ -139,6 +138,8 @@ class Planted:
             "card (spaces) digits": self.card_spaces.replace(" ", ""),
             "card (dashes)": self.card_dashes,
             "card (dashes) digits": self.card_dashes.replace("-", ""),
+            "card (+)": self.card_plus,
+            "card (+) digits": self.card_plus.replace("+", ""),
             **{f"declared {kind}": value for kind, value in self.declared.items()},
         }
         shown = dict(raw)
@@ -162,7 +163,15 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
     text = planted.free_text()
     # A job failing with secrets in its message (boom repeats its declared "card" and its "bearer").
     boom = enqueue(
-        kind="boom", input={"card": planted.declared["boom"], "bearer": planted.bearer, "order": "A-1"}, created_by="alice"
+        kind="boom",
+        input={
+            "card": planted.declared["boom"],
+            "bearer": planted.bearer,
+            "order": "A-1",
+            # A declared value quoted inside a field nobody declared: masked there too.
+            "memo": f"customer read {planted.declared['boom']} aloud",
+        },
+        created_by="alice",
     ).job_id
     run_until(boom, "failed")
     # A body repeating free text and its declared field in an operation and its error message.
