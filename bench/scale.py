@@ -302,10 +302,10 @@ NEW_INDEXES = [
 
 
 def old_filtered_jobs(filters: Any) -> Any:
-    """console.jobs.filtered_jobs before 0009: ORDER BY -id, the reason as an OR."""
+    """console.selectors.jobs.filtered_jobs before 0009: ORDER BY -id, the reason as an OR."""
     from django.db.models import Q
 
-    from console.jobs import LIST_FIELDS
+    from console.selectors.jobs import LIST_FIELDS
     from workers.models import Job
 
     jobs = Job.objects.only(*LIST_FIELDS).order_by("-id")
@@ -415,7 +415,7 @@ def main() -> None:
     from django.test import Client
     from redis import Redis
 
-    from console.jobs import COUNT_CAP
+    from console.selectors.jobs import COUNT_CAP
     from workers import sql
     from workers.models import Job
     from workers.services import budgets, leases, maintenance

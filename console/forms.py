@@ -10,7 +10,8 @@ from django import forms
 from django.conf import settings
 from django.utils import timezone
 
-from console.jobs import ACTIONS, JobFilter
+from console.selectors.jobs import JobFilter
+from console.services import ACTIONS
 from workers import kinds
 from workers.errors import JobStateError
 from workers.models import FailureReason, JobState, ParkReason, PauseMode, Scope

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from exports.models import Account, Export, ExportState
-from exports.services import export_access
+from exports.selectors import export_access
 from koala.readonly_admin import ReadOnlyAdmin
 
 

@@ -1,27 +1,29 @@
-"""Export services: the only code that creates, cancels or hands out exports.
+"""Export services: the only code that creates, cancels, settles or hands out exports.
 
-Views and commands parse input and call these. Every change writes its audit row in the
-same transaction; a person's download is audited too (a read of customer data).
+Views and commands parse input and call these (reads are ``exports.selectors``). Every change
+writes its audit row in the same transaction; a person's download is audited too (a read of
+customer data).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import IO, Any
+from typing import IO
 
 from django.conf import settings
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
 from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
 from exports.query import SETTLE_EXPORTS, SETTLE_EXPORTS_BY_ID
+from exports.selectors import Person, can_access_account, get_export
+from exports.selectors import username as _username
 from exports.storage import ExportStore, ObjectMissing, output_key_for
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from workers.errors import JobStateError
 from workers.models import Job
@@ -30,8 +32,6 @@ from workers.services.jobs import cancel_job, enqueue
 log = logging.getLogger("koala.exports")
 
 EXPORT_KIND = "export.csv"
-# Whoever asks: a signed-in user, or anonymous (refused everywhere).
-Person = User | AnonymousUser
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,6 @@ def job_key_for(export_id: int) -> str:
     return f"export-{export_id}"
 
 
-def can_access_account(*, user: Person, account: Account) -> bool:
-    """Superusers see every account; anyone else only the accounts they are a member of."""
-    if not user.is_authenticated or not user.is_active:
-        return False
-    if getattr(user, "is_superuser", False):
-        return True
-    return account.members.filter(pk=user.pk).exists()
-
-
 def grant_account_access(*, account_id: int, username: str, actor: str) -> Account:
     """Make a user a member of an account (may request and download its exports)."""
     account = Account.objects.filter(pk=account_id).first()
@@ -74,13 +65,13 @@ def grant_account_access(*, account_id: int, username: str, actor: str) -> Accou
     with transaction.atomic():
         account.members.add(user)
         record_audit(
-            actor=actor, action="export.grant_access", target_type="account", target_id=account.slug, details={"user": username}
+            actor=actor,
+            action=AuditAction.EXPORT_GRANT_ACCESS,
+            target_type="account",
+            target_id=account.slug,
+            details={"user": username},
         )
     return account
-
-
-def _username(user: Person) -> str:
-    return user.get_username() if user.is_authenticated else "anonymous"
 
 
 def check_scope(*, date_from: date, date_to: date, format: str) -> None:
@@ -155,7 +146,7 @@ def request_export(
         Export.objects.filter(pk=export.pk).update(job_id=export.job_id, output_key=export.output_key)
         record_audit(
             actor=actor,
-            action="export.request",
+            action=AuditAction.EXPORT_REQUEST,
             target_type="export",
             target_id=export.pk,
             details={
@@ -172,23 +163,15 @@ def request_export(
     return export
 
 
-def get_export(*, export_id: int, user: Person) -> Export:
-    """An export the user may see, with its state brought up to date with its job."""
-    settle_exports(export_ids=[export_id])
-    export = Export.objects.select_related("account").filter(pk=export_id).first()
-    if export is None:
-        raise ExportNotFound(f"export {export_id} does not exist.")
-    if not can_access_account(user=user, account=export.account):
-        raise ExportPermissionDenied(f"{_username(user)} may not see exports of account {export.account.slug}.")
-    return export
-
-
 def cancel_export(*, export_id: int, user: Person, reason: str = "") -> Export:
     """Cancel a queued or running export and its job together. A running body stops at its next
     batch boundary after the heartbeat tells it; nothing it wrote is published."""
     actor = _username(user)
     reason = redact_text(reason)  # free text from a person: never store a pasted secret
     with transaction.atomic():
+        # Store an outcome the engine already decided first (the job failed or was cancelled
+        # alone): that export is ended, and cancelling it must say so, not overwrite it.
+        settle_exports(export_ids=[export_id])
         export = get_export(export_id=export_id, user=user)
         if export.job_id is not None:
             # Lock order: the job row, then the export row. The export job's fenced writes
@@ -207,7 +190,11 @@ def cancel_export(*, export_id: int, user: Person, reason: str = "") -> Export:
             state=ExportState.CANCELLED, failure_code="", error_message=reason[:500], finished_at=timezone.now()
         )
         record_audit(
-            actor=actor, action="export.cancel", target_type="export", target_id=export_id, details={"reason": reason[:200]}
+            actor=actor,
+            action=AuditAction.EXPORT_CANCEL,
+            target_type="export",
+            target_id=export_id,
+            details={"reason": reason[:200]},
         )
     settle_exports(export_ids=[export_id])
     return Export.objects.get(pk=export_id)
@@ -228,7 +215,7 @@ def open_download(*, export_id: int, user: Person) -> Download:
         ) from None
     record_audit(
         actor=_username(user),
-        action="export.download",
+        action=AuditAction.EXPORT_DOWNLOAD,
         target_type="export",
         target_id=export_id,
         details={"account": export.account.slug, "bytes": export.bytes, "sha256": export.checksum},
@@ -266,62 +253,6 @@ def remove_stale_temp_objects(*, export_ids: list[int] | None = None) -> int:
             store.delete(key)
             removed += 1
     return removed
-
-
-def latest_exports(*, limit: int = 20) -> list[Export]:
-    """The newest exports, their states brought up to date (an operator's list: records only)."""
-    settle_exports()
-    return list(Export.objects.select_related("account").order_by("-id")[: max(limit, 1)])
-
-
-@dataclass(frozen=True)
-class ExportAccess:
-    """What one person may do with one export, by the rules of ``open_download`` and ``cancel_export``."""
-
-    may_download: bool  # a succeeded export of an account the person may see
-    may_cancel: bool  # a queued or running export of an account the person may see
-
-
-def export_access(*, user: Person, exports: Iterable[Export]) -> dict[int, ExportAccess]:
-    """Per export id, whether ``user`` may download or cancel it (for a list: the links and buttons
-    it shows). ``can_access_account`` decides, once per distinct account, not once per export."""
-    by_account: dict[int, bool] = {}
-    access: dict[int, ExportAccess] = {}
-    for export in exports:
-        if export.account_id not in by_account:
-            by_account[export.account_id] = can_access_account(user=user, account=export.account)
-        allowed = by_account[export.account_id]
-        access[export.pk] = ExportAccess(
-            may_download=allowed and export.state == ExportState.SUCCEEDED,
-            may_cancel=allowed and not export.is_terminal,
-        )
-    return access
-
-
-def describe_export(*, export: Export) -> dict[str, Any]:
-    """What people see of an export: no customer data, only the record."""
-    return {
-        "id": export.pk,
-        "account": export.account.slug,
-        "date_from": str(export.date_from),
-        "date_to": str(export.date_to),
-        "format": export.format,
-        "state": export.state,
-        "failure_code": export.failure_code,
-        "error": export.error_message,
-        "rows": export.row_count,
-        "bytes": export.bytes,
-        "sha256": export.checksum,
-        "output_key": export.output_key,
-        "attempts": export.attempts,
-        "compute_seconds": export.compute_seconds,
-        "db_wait_seconds": export.db_wait_seconds,
-        "storage_wait_seconds": export.storage_wait_seconds,
-        "job": export.job_id,
-        "requested_by": export.requested_by_name,
-        "created_at": export.created_at.isoformat() if export.created_at else None,
-        "finished_at": export.finished_at.isoformat() if export.finished_at else None,
-    }
 
 
 def housekeeping(*, clean_temp: bool = True, since: timedelta = timedelta(hours=1)) -> tuple[int, int]:

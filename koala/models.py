@@ -3,14 +3,55 @@ from __future__ import annotations
 from django.db import models
 
 
+class AuditAction(models.TextChoices):
+    """Every action an audit row can record (zulip's AuditLogEventType is the model).
+
+    The values are the ones rows carried before this enum existed, so stored rows, docs and
+    saved searches keep their meaning: the engine's own actions read bare ("cancel"), the apps'
+    carry their area ("export.download"). Each label leads with its value, so the audit log's
+    pages show the name that queries and docs use. Add a member here for a new action;
+    ``record_audit`` refuses anything else.
+    """
+
+    # People reading run data (R19): the target says what (job, job_list, failures, operations, export_list).
+    READ = "read", "read: a person read run data"
+    # The engine's jobs (workers.services.jobs; the console's bulk actions add one summary row each).
+    ENQUEUE = "enqueue", "enqueue: jobs enqueued by a person"
+    CANCEL = "cancel", "cancel: cancel a job"
+    RETRY = "retry", "retry: retry a job as a new one"
+    REQUEUE = "requeue", "requeue: requeue a job"
+    BULK_CANCEL = "bulk_cancel", "bulk_cancel: cancel selected jobs"
+    BULK_RETRY = "bulk_retry", "bulk_retry: retry selected jobs"
+    BULK_REQUEUE = "bulk_requeue", "bulk_requeue: requeue selected jobs"
+    # The safety layer (workers.services.pauses, budgets, operations).
+    PAUSE = "pause", "pause: pause a scope"
+    RESUME = "resume", "resume: lift a pause"
+    BUDGET_CREATE = "budget.create", "budget.create: create a budget"
+    BUDGET_UPDATE = "budget.update", "budget.update: change a budget's limits"
+    PRICE_SET = "price.set", "price.set: set a model price"
+    OPERATION_RESOLVE = "operation.resolve", "operation.resolve: settle an uncertain operation"
+    # Reviews (reviews.services).
+    REVIEW_REQUESTED = "review.requested", "review.requested: an approval asked for"
+    REVIEW_SUPERSEDED = "review.superseded", "review.superseded: superseded by a changed action"
+    REVIEW_APPROVE = "review.approve", "review.approve: approve a review"
+    REVIEW_REJECT = "review.reject", "review.reject: reject a review"
+    REVIEW_EXPIRED = "review.expired", "review.expired: expired undecided"
+    REVIEW_WITHDRAWN = "review.withdrawn", "review.withdrawn: withdrawn with its cancelled job"
+    # Exports (exports.services).
+    EXPORT_REQUEST = "export.request", "export.request: request an export"
+    EXPORT_CANCEL = "export.cancel", "export.cancel: cancel an export"
+    EXPORT_DOWNLOAD = "export.download", "export.download: download an export"
+    EXPORT_GRANT_ACCESS = "export.grant_access", "export.grant_access: grant access to an account's exports"
+
+
 class AuditEvent(models.Model):
     """Who did what: operator actions and people reading run data, never the worker's machine loop.
 
-    Written by services in the same transaction as the change it records.
+    Written by services in the same transaction as the change it records (koala.audit.record_audit).
     """
 
     actor = models.CharField(max_length=150)
-    action = models.CharField(max_length=64)
+    action = models.CharField(max_length=64, choices=AuditAction.choices)
     target_type = models.CharField(max_length=64)
     target_id = models.CharField(max_length=64)
     details = models.JSONField(default=dict, blank=True)

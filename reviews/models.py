@@ -57,11 +57,11 @@ class ReviewRequest(models.Model):
             # At most one open review per operation: a re-run finds it instead of asking again.
             models.UniqueConstraint(
                 fields=["operation_key"],
-                condition=Q(state__in=["pending", "approved"]),
+                condition=Q(state__in=[ReviewState.PENDING, ReviewState.APPROVED]),
                 name="review_one_open_per_operation",
             ),
         ]
-        indexes = [models.Index(fields=["created_at"], condition=Q(state="pending"), name="review_pending_idx")]
+        indexes = [models.Index(fields=["created_at"], condition=Q(state=ReviewState.PENDING), name="review_pending_idx")]
         ordering = ["created_at"]
 
     def __str__(self) -> str:

@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from reviews.models import ReviewRequest, ReviewState
 from workers.errors import SafetyError
@@ -113,7 +113,7 @@ def request_review(
             review.save(update_fields=["state"])
             record_audit(
                 actor="koala",
-                action="review.superseded",
+                action=AuditAction.REVIEW_SUPERSEDED,
                 target_type="review",
                 target_id=review.pk,
                 details={"job": job_id, "old_digest": review.digest, "new_digest": digest},
@@ -134,7 +134,7 @@ def request_review(
         )
         record_audit(
             actor="koala",
-            action="review.requested",
+            action=AuditAction.REVIEW_REQUESTED,
             target_type="review",
             target_id=review.pk,
             details={"job": job_id, "action": action, "digest": digest, "amount_minor": amount_minor, "target": target},
@@ -200,7 +200,7 @@ def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRe
         requeued = unpark_jobs(job_ids=[review.job_id], reason=ParkReason.WAITING_REVIEW)
         record_audit(
             actor=actor,
-            action="review.approve",
+            action=AuditAction.REVIEW_APPROVE,
             target_type="review",
             target_id=review_id,
             details={"job": review.job_id, "digest": review.digest, "comment": review.comment, "requeued": bool(requeued)},
@@ -234,7 +234,7 @@ def reject_review(*, review_id: int, actor: str, comment: str) -> ReviewRequest:
         _fail_parked(review, reason=FailureReason.REVIEW_REJECTED, message=f"review {review_id} rejected by {actor}: {text}")
         record_audit(
             actor=actor,
-            action="review.reject",
+            action=AuditAction.REVIEW_REJECT,
             target_type="review",
             target_id=review_id,
             details={"job": review.job_id, "digest": review.digest, "comment": text},
@@ -280,7 +280,9 @@ def expire_reviews(*, batch: int = 1000) -> int:
             review.save(update_fields=["state"])
             if was == ReviewState.PENDING:
                 _fail_parked(review, reason=FailureReason.REVIEW_EXPIRED, message=f"review {review.pk} expired undecided")
-            record_audit(actor="koala", action="review.expired", target_type="review", target_id=review.pk, details={"was": was})
+            record_audit(
+                actor="koala", action=AuditAction.REVIEW_EXPIRED, target_type="review", target_id=review.pk, details={"was": was}
+            )
             count += 1
     return count
 
@@ -293,6 +295,8 @@ def withdraw_open_reviews(*, job_id: int, actor: str) -> int:
     ):
         review.state = ReviewState.SUPERSEDED
         review.save(update_fields=["state"])
-        record_audit(actor=actor, action="review.withdrawn", target_type="review", target_id=review.pk, details={"job": job_id})
+        record_audit(
+            actor=actor, action=AuditAction.REVIEW_WITHDRAWN, target_type="review", target_id=review.pk, details={"job": job_id}
+        )
         count += 1
     return count

@@ -3,23 +3,20 @@ service (fenced, audited). Actions call those services."""
 
 from __future__ import annotations
 
-import copy
 import zoneinfo
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from koala import redaction
-from koala.audit import record_audit
 from koala.readonly_admin import ReadOnlyAdmin
-from koala.redaction import Redactor
 from workers import kinds
 from workers.errors import JobStateError
 from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
+from workers.selectors.jobs import job_for_person, redacted_copy
 from workers.services import budgets as budget_services
 from workers.services.jobs import cancel_job, requeue_job, retry_job
 
@@ -54,19 +51,6 @@ class AttemptInline(admin.TabularInline):
         return redaction.redact_text(obj.error_message, limit=2_000)
 
 
-def redacted_copy(obj: models.Model, redactor: Redactor) -> models.Model:
-    """A copy of a row for a read-only page, every text and JSON field passed through ``redactor``
-    (never saved: these pages change nothing)."""
-    shown = copy.copy(obj)
-    for f in obj._meta.concrete_fields:
-        value = getattr(obj, f.attname)
-        if isinstance(f, models.JSONField):
-            setattr(shown, f.attname, redactor.data(value))
-        elif isinstance(value, str) and not f.choices:
-            setattr(shown, f.attname, redactor.text(value, limit=None))
-    return shown
-
-
 class JobDataAdmin(ReadOnlyAdmin):
     """The page of a job, or of a row about one: it shows a redacted copy of the row (all fields,
     checkpoint and usage included) made with the job's redaction context
@@ -75,13 +59,14 @@ class JobDataAdmin(ReadOnlyAdmin):
     def job_of(self, obj: Any) -> Job:
         return obj.job  # type: ignore[no-any-return]
 
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
-        obj = super().get_object(request, object_id, from_field)
-        if obj is None:
-            return None
+    def shown(self, request: HttpRequest, obj: Any) -> Any:
         redactor = kinds.job_redactor(self.job_of(obj))
         redaction.extend(redactor)
         return redacted_copy(obj, redactor)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        return None if obj is None else self.shown(request, obj)
 
 
 def _run_action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job], verb: str, call: Any) -> None:
@@ -120,8 +105,12 @@ class JobAdmin(JobDataAdmin):
     exclude = ["input", "run_state", "result"]
     readonly_fields = ["redacted_input", "redacted_run_state", "redacted_result"]
 
-    def job_of(self, obj: Job) -> Job:
-        return obj
+    def shown(self, request: HttpRequest, obj: Job) -> Job:
+        # The job as a person sees it: the engine's one view of a job (workers.selectors.jobs),
+        # which also writes the read's audit row (R19), here as on the console's job page.
+        view = job_for_person(job_id=obj.pk, actor=request.user.get_username())
+        redaction.extend(view.redactor)
+        return view.job
 
     # get_object() hands the page a redacted copy: these only label the fields as such.
     @admin.display(description="input (redacted)")
@@ -139,13 +128,6 @@ class JobAdmin(JobDataAdmin):
     def has_operate_permission(self, request: HttpRequest) -> bool:
         # Changing jobs is the operators' role (console.roles); viewing alone must not offer it.
         return bool(request.user.has_perm("console.operate"))
-
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
-        # A person reading a job's data is audited (R19), here as in the console.
-        if object_id.isdigit():
-            with transaction.atomic():
-                record_audit(actor=request.user.get_username(), action="read", target_type="job", target_id=object_id)
-        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.action(description="Cancel selected jobs", permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -60,7 +60,7 @@ class Outcome(models.TextChoices):
     ORPHANED = "orphaned"  # lease expired without a report
     UNSERVABLE = "unservable"  # the worker lacks this kind/version: no attempt used
     CANCELLED = "cancelled"  # an operator cancelled the job
-    INTERRUPTED = "interrupted"  # released on shutdown, a stop pause, or requeued by an operator
+    INTERRUPTED = "interrupted"  # released on shutdown, a stop pause, or requeued by an operator (Attempt.requeued_by)
     PARKED = "parked"  # the job was parked (review, needs attention, budget): no attempt used
 
 
@@ -169,7 +169,7 @@ class Job(models.Model):
             ),
             models.Index(fields=["park_reason", "parked_at"], condition=Q(state=JobState.PARKED), name="job_parked_idx"),
             # The console's job list: ORDER BY created_at DESC, id DESC LIMIT 50 under its filters
-            # (console.jobs.filtered_jobs). Each ends in exactly that order, so a page is an index
+            # (console.selectors.jobs.filtered_jobs). Each ends in exactly that order, so a page is an index
             # range read of 50 entries whatever the table's size (migration 0009).
             models.Index(fields=["-created_at", "-id"], name="job_list_idx"),
             models.Index(fields=["state", "-created_at", "-id"], name="job_state_list_idx"),
@@ -224,6 +224,15 @@ class Attempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices, null=True, blank=True)  # noqa: DJ001 - NULL means "none"; constraints test it
     error_class = models.CharField(max_length=200, blank=True, default="")
     error_message = models.TextField(blank=True, default="", help_text="Redacted; never a stack trace.")
+    # The operator whose requeue took this running attempt's job away (outcome interrupted): its
+    # holder is fenced, and its writes are rejected as lease_superseded once the job is claimed again.
+    requeued_by = models.CharField(
+        max_length=150,
+        blank=True,
+        default="",
+        db_default="",  # the claim's hand-written INSERT (workers.sql) does not name it
+        help_text="Who requeued the job while this attempt held it (its holder was fenced); empty otherwise.",
+    )
     compute_seconds = models.FloatField(null=True, blank=True)
     db_wait_seconds = models.FloatField(null=True, blank=True)
     storage_wait_seconds = models.FloatField(null=True, blank=True)

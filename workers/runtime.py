@@ -31,7 +31,7 @@ from koala import redaction
 from workers import doorbell, kinds, outcomes
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
-from workers.models import Attempt, Outcome
+from workers.models import Attempt, Outcome, Scope
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
@@ -337,10 +337,12 @@ class WorkerRuntime:
         # from walking past a paused kind's backlog on every claim (11 -> 5 ms per claim with
         # 20,000 paused jobs at the head of the queue).
         live = pauses.active_pauses()
-        paused_kinds = [p.target for p in live if p.scope == "kind"]
+        paused_kinds = [p.target for p in live if p.scope == Scope.KIND]
         skip: dict[str, list[str]] = {q: list(paused_kinds) for q in queues}  # paused kinds, full concurrency scopes
         # Queues not to claim from in this pass: paused (globally or by queue), or a full concurrency scope.
-        blocked: set[str] = {q for q in queues if any(p.scope == "global" or p.target == q for p in live if p.scope != "kind")}
+        blocked: set[str] = {
+            q for q in queues if any(p.scope == Scope.GLOBAL or p.target == q for p in live if p.scope != Scope.KIND)
+        }
         while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
             lease = None
             for queue in queues:
@@ -356,7 +358,7 @@ class WorkerRuntime:
                         )
                     except ClaimBlocked as full:
                         # Leave that job queued; whoever frees a slot (or the beat) rings again.
-                        if full.scope == "kind":
+                        if full.scope == Scope.KIND:
                             skip[queue].append(full.target)
                         else:
                             blocked.add(queue)

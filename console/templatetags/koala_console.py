@@ -8,8 +8,8 @@ from typing import Any
 from django import template
 from django.http import HttpRequest
 
-from console.jobs import retry_refusal as _retry_refusal
 from koala.redaction import redact_text
+from workers.selectors.jobs import retry_refusal as _retry_refusal
 from workers.services.pauses import active_pauses
 
 register = template.Library()

@@ -4,9 +4,9 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from console.attention import open_operations
 from console.forms import ResolveForm
 from console.roles import OPERATE, VIEW, actor, page
+from console.selectors.attention import open_operations
 from console.views.base import render_console
 from workers.services.operations import resolve_operation
 

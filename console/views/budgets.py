@@ -6,9 +6,9 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
 
-from console.dashboard import budget_bars
 from console.forms import LIMIT_FIELDS, BudgetCreateForm, BudgetLimitsForm, PriceForm
 from console.roles import OPERATE, VIEW, actor, page
+from console.selectors.dashboard import budget_bars
 from console.views.base import render_console
 from workers.models import Budget, ModelPrice
 from workers.services.budgets import create_budget, set_model_price, update_budget

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
-from console.dashboard import build_dashboard
 from console.roles import VIEW, page
+from console.selectors.dashboard import build_dashboard
 from console.views.base import render_console
 
 

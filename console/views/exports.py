@@ -4,9 +4,9 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from console.exports import list_exports
 from console.forms import ExportCancelForm
 from console.roles import OPERATE, VIEW, actor, page
+from console.selectors.exports import list_exports
 from console.views.base import render_console
 from exports.errors import ExportError
 from exports.services import cancel_export

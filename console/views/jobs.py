@@ -8,23 +8,22 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console.forms import BulkActionForm, JobActionForm, JobFilterForm, kind_names, queue_choices
-from console.jobs import (
-    BULK_LIMIT,
+from console.roles import OPERATE, VIEW, actor, page
+from console.selectors.jobs import (
     JobFilter,
     ListPaginator,
-    bulk_job_action,
     failure_groups,
     filtered_jobs,
-    job_action,
+    job_reviews,
     no_retry_kinds,
-    read_job,
     record_list_read,
 )
-from console.roles import OPERATE, VIEW, actor, page
+from console.services import BULK_LIMIT, bulk_job_action, job_action
 from console.views.base import render_console
 from koala import redaction
 from workers.errors import JobStateError
 from workers.models import Job
+from workers.selectors.jobs import job_for_person
 
 PAGE_SIZE = 50
 FILTER_KEYS = ("state", "kind", "queue", "cause", "created_after", "created_before", "search")
@@ -67,11 +66,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @page(VIEW)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     try:
-        record = read_job(job_id=job_id, actor=actor(request))
+        record = job_for_person(job_id=job_id, actor=actor(request))
     except Job.DoesNotExist:
         raise Http404(f"No job {job_id}.") from None
     redaction.extend(record.redactor)  # for what the template masks itself (|redacted), and any error report
-    return render_console(request, "console/job_detail.html", title=f"Job {job_id}", record=record)
+    return render_console(
+        request, "console/job_detail.html", title=f"Job {job_id}", record=record, reviews=job_reviews(job_id=job_id)
+    )
 
 
 @page(OPERATE, methods=("POST",))

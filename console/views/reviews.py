@@ -12,12 +12,12 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
 
-from console.jobs import read_job
 from console.roles import REVIEW, VIEW, actor, can, page
 from console.views.base import render_console
 from koala import redaction
 from reviews.models import ReviewRequest, ReviewState
 from reviews.services import approve_review, decision_blocker, pending_reviews, reject_review
+from workers.selectors.jobs import job_for_person
 
 
 class DecisionForm(forms.Form):
@@ -53,7 +53,7 @@ def _render_detail(request: HttpRequest, review: ReviewRequest, form: DecisionFo
         reject_blocker = decision_blocker(review=review, actor=who, approving=False)
     else:
         approve_blocker = reject_blocker = "your roles do not include review (the reviewers group decides)."
-    record = read_job(job_id=review.job_id, actor=who)  # the job's context; the read is audited
+    record = job_for_person(job_id=review.job_id, actor=who)  # the job's context; the read is audited
     redaction.extend(record.redactor)  # for what the template masks itself (|redacted), and any error report
     response = render_console(
         request,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from console.dashboard import worker_health
+from console.selectors.dashboard import worker_health
 from tests.acceptance.support import wait_exit, wait_start, wait_workers_ready
 from tests.conftest import wait_for
 from workers.models import WorkerExit, WorkerProcess

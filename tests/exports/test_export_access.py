@@ -18,7 +18,8 @@ from django.urls import reverse
 
 from exports.errors import ExportError, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import Export, ExportState
-from exports.services import cancel_export, get_export, open_download, request_export, settle_exports
+from exports.selectors import get_export
+from exports.services import cancel_export, open_download, request_export, settle_exports
 from koala.models import AuditEvent
 from tests.exports.conftest import People, drain_exports, load_events, request
 from workers.models import Job

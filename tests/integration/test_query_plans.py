@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from console.jobs import JobFilter, filtered_jobs
+from console.selectors.jobs import JobFilter, filtered_jobs
 from workers.services import budgets, leases, maintenance
 
 pytestmark = pytest.mark.django_db
@@ -147,7 +147,7 @@ def test_a_job_list_page_is_an_ordered_read_of_a_list_index(seeded: None) -> Non
 
 
 def test_the_job_lists_count_is_bounded_and_index_only(seeded: None) -> None:
-    from console.jobs import COUNT_CAP
+    from console.selectors.jobs import COUNT_CAP
 
     sql, params = filtered_jobs(JobFilter(state="succeeded")).order_by()[: COUNT_CAP + 1].query.sql_with_params()
     root = plan(f"SELECT count(*) FROM ({sql}) t", params)
@@ -224,9 +224,9 @@ def test_every_dashboard_statement_is_a_bounded_index_read(seeded: None, monkeyp
 
     # The sample is 2,000 attempts of a million-job table; 20k jobs keep its proportion with 100
     # (at 2,000 of 20k a hash join over the whole job table is the planner's right call).
-    monkeypatch.setattr("console.dashboard.SAMPLE", 100)
+    monkeypatch.setattr("console.selectors.dashboard.SAMPLE", 100)
 
-    from console.dashboard import build_dashboard
+    from console.selectors.dashboard import build_dashboard
     from workers.models import WorkerProcess
 
     # As in production (and bench/scale.py), most history is older than the dashboard's 24 h:

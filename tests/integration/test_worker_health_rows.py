@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from console.dashboard import worker_health
+from console.selectors.dashboard import worker_health
 from workers.models import WorkerExit, WorkerProcess
 
 pytestmark = pytest.mark.django_db

@@ -25,7 +25,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from workers import sql
 from workers.errors import SafetyError
 from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Pause, PauseMode, PauseSource, Scope
@@ -141,7 +141,7 @@ def create_budget(
             raise  # another constraint: the checks above should have caught it
         record_audit(
             actor=actor,
-            action="budget.create",
+            action=AuditAction.BUDGET_CREATE,
             target_type="budget",
             target_id=budget.pk,
             details={"name": name, "scope": scope, "target": target, "tenant": tenant, **clean},
@@ -165,7 +165,7 @@ def update_budget(*, budget_id: int, actor: str, pause_on_exhaust: bool | None =
         budget.save()
         record_audit(
             actor=actor,
-            action="budget.update",
+            action=AuditAction.BUDGET_UPDATE,
             target_type="budget",
             target_id=budget.pk,
             details={"before": before, "after": clean, "pause_on_exhaust": budget.pause_on_exhaust},
@@ -201,7 +201,7 @@ def set_model_price(*, model: str, input_minor_per_mtok: int, output_minor_per_m
         )
         record_audit(
             actor=actor,
-            action="price.set",
+            action=AuditAction.PRICE_SET,
             target_type="model_price",
             target_id=model,
             details={"input": price.input_minor_per_mtok, "output": price.output_minor_per_mtok, "created": created},

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from workers import doorbell, hooks, kinds, sql
 from workers.errors import EnqueueError, JobStateError
@@ -96,7 +96,8 @@ class _Row(NamedTuple):
     updated_at: datetime
 
 
-assert len(_Row._fields) == sql.JOB_ROW.count("%s")
+# The row names the insert's columns, in order: a field added to one and not the other fails at import.
+assert sql.JOB_INSERT_COLUMNS.startswith(", ".join(_Row._fields) + ", ") and len(_Row._fields) == sql.JOB_ROW.count("%s")
 
 
 def _lock_order(row: _Row) -> tuple[int, str, str]:
@@ -183,7 +184,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
         if created_by:
             record_audit(
                 actor=created_by,
-                action="enqueue",
+                action=AuditAction.ENQUEUE,
                 target_type="job",
                 # One job: its id. A batch: the first id (target_id is a short column); all ids in details.
                 target_id=str(done[0].job_id),
@@ -234,9 +235,9 @@ def _locked_job(job_id: int) -> Job:
         raise JobStateError(f"job {job_id} does not exist.") from None
 
 
-def _finish_live_attempt(job: Job, outcome: str, message: str) -> None:
+def _finish_live_attempt(job: Job, outcome: str, message: str, *, requeued_by: str = "") -> None:
     Attempt.objects.filter(job=job, lease_token=job.lease_token, finished_at__isnull=True).update(
-        outcome=outcome, finished_at=timezone.now(), error_message=message
+        outcome=outcome, finished_at=timezone.now(), error_message=message, requeued_by=requeued_by
     )
 
 
@@ -269,7 +270,11 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
             ]
         )
         record_audit(
-            actor=actor, action="cancel", target_type="job", target_id=job_id, details={"from": previous, "reason": reason[:200]}
+            actor=actor,
+            action=AuditAction.CANCEL,
+            target_type="job",
+            target_id=job_id,
+            details={"from": previous, "reason": reason[:200]},
         )
         # Whatever the state: a job approved (so queued again) and cancelled before it ran
         # would otherwise keep an open approval. The job row is locked first, then what the
@@ -338,7 +343,7 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
         moved = Operation.objects.filter(job=job).exclude(state__in=DONE_OPERATION_STATES).update(job_id=result.job_id)
         record_audit(
             actor=actor,
-            action="retry",
+            action=AuditAction.RETRY,
             target_type="job",
             target_id=job_id,
             details={"new_job": result.job_id, "operation_key_base": base, "operations_moved": moved},
@@ -376,7 +381,8 @@ def requeue_job(*, job_id: int, actor: str) -> Job:
             raise JobStateError(f"job {job_id} is {job.state}; use retry for a finished job.")
         previous = job.state
         if job.state == JobState.RUNNING:
-            _finish_live_attempt(job, Outcome.INTERRUPTED, f"requeued by {actor}")
+            # The fact, not only the message: the attempt's holder is fenced (lease_superseded).
+            _finish_live_attempt(job, Outcome.INTERRUPTED, f"requeued by {actor}", requeued_by=actor)
             job.lease_holder = None
             job.lease_expires_at = None
             job.state = JobState.QUEUED
@@ -390,7 +396,7 @@ def requeue_job(*, job_id: int, actor: str) -> Job:
             job.parked_on = {}
         job.scheduled_at = timezone.now()
         job.save()
-        record_audit(actor=actor, action="requeue", target_type="job", target_id=job_id, details={"from": previous})
+        record_audit(actor=actor, action=AuditAction.REQUEUE, target_type="job", target_id=job_id, details={"from": previous})
         queue, ring_job = job.queue, (job.pk, job.version)
         transaction.on_commit(lambda: doorbell.ring(queue, [ring_job]))
     return job

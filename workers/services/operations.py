@@ -7,7 +7,7 @@ import json
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from workers import sql
 from workers.errors import SafetyError
@@ -88,7 +88,7 @@ def resolve_operation(*, operation_id: int, happened: bool, note: str, actor: st
         op.refresh_from_db()
         record_audit(
             actor=actor,
-            action="operation.resolve",
+            action=AuditAction.OPERATION_RESOLVE,
             target_type="operation",
             target_id=operation_id,
             details={

@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from workers import sql
 from workers.errors import SafetyError
@@ -75,7 +75,7 @@ def pause(
             )
             record_audit(
                 actor=actor,
-                action="pause",
+                action=AuditAction.PAUSE,
                 target_type="pause",
                 target_id=row.pk,
                 details={"scope": scope, "target": target, "mode": mode, "source": source, "reason": row.reason},
@@ -101,7 +101,7 @@ def resume(*, pause_id: int, actor: str, note: str = "") -> Pause:
             raise SafetyError(f"pause {pause_id} was already lifted by {row.lifted_by or 'someone'} at {row.lifted_at}.")
         record_audit(
             actor=actor,
-            action="resume",
+            action=AuditAction.RESUME,
             target_type="pause",
             target_id=pause_id,
             details={"scope": row.scope, "target": row.target, "note": redact_text(note, limit=500)},

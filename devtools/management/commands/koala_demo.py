@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from workers import kinds
-from workers.models import Budget, ModelPrice
+from workers.models import Budget, ModelPrice, Scope
 from workers.services import budgets
 from workers.services.jobs import JobSpec, enqueue_many
 
@@ -82,7 +82,7 @@ class Command(BaseCommand):
         if not Budget.objects.filter(name="demo-daily").exists():
             budgets.create_budget(
                 name="demo-daily",
-                scope="global",
+                scope=Scope.GLOBAL,
                 timezone="Europe/Paris",
                 spend_limit_minor=50_000,
                 request_limit=1_000,

@@ -9,14 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from exports.errors import ExportError
 from exports.models import Account
-from exports.services import (
-    cancel_export,
-    describe_export,
-    get_export,
-    latest_exports,
-    remove_stale_temp_objects,
-    request_export,
-)
+from exports.selectors import describe_export, get_export, latest_exports
+from exports.services import cancel_export, remove_stale_temp_objects, request_export
 
 
 def _date(text: str, option: str) -> date:

@@ -4,11 +4,9 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import transaction
 
-from koala.audit import record_audit
-from workers import kinds
 from workers.management.commands._common import cli_actor, existing_job
+from workers.selectors.jobs import job_for_person
 
 
 class Command(BaseCommand):
@@ -20,10 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--actor", default=None, help="who reads (default: $USER@cli)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        job = existing_job(options["job_id"])
-        redactor = kinds.job_redactor(job)  # what every page about this job masks, masked here too
-        with transaction.atomic():
-            record_audit(actor=cli_actor(options["actor"]), action="read", target_type="job", target_id=job.pk)
+        # The job as every page shows it (a copy redacted with the job's context); the read is audited.
+        view = job_for_person(job_id=existing_job(options["job_id"]).pk, actor=cli_actor(options["actor"]))
+        job = view.job
         attempts = [
             {
                 "number": a.number,
@@ -32,12 +29,12 @@ class Command(BaseCommand):
                 "outcome": a.outcome,
                 "started_at": a.started_at.isoformat(),
                 "finished_at": a.finished_at.isoformat() if a.finished_at else None,
-                "error": redactor.text(f"{a.error_class}: {a.error_message}" if a.error_class else a.error_message),
+                "error": error,
                 "compute_s": a.compute_seconds,
                 "db_wait_s": a.db_wait_seconds,
                 "storage_wait_s": a.storage_wait_seconds,
             }
-            for a in job.attempt_set.all()
+            for a, error in ((row.attempt, row.error) for row in view.attempts)
         ]
         record = {
             "id": job.pk,
@@ -47,8 +44,8 @@ class Command(BaseCommand):
             "state": job.state,
             "delivery": job.delivery,
             "attempts": f"{job.attempts}/{job.max_attempts}",
-            "idempotency_key": redactor.data(job.idempotency_key),
-            "input": redactor.data(job.input),
+            "idempotency_key": job.idempotency_key,
+            "input": view.input,
             "scheduled_at": job.scheduled_at.isoformat(),
             "deadline_at": job.deadline_at.isoformat() if job.deadline_at else None,
             "lease": {
@@ -56,15 +53,15 @@ class Command(BaseCommand):
                 "holder": job.lease_holder,
                 "expires_at": job.lease_expires_at.isoformat() if job.lease_expires_at else None,
             },
-            "progress": redactor.data(job.progress),
-            "run_state": redactor.data(job.run_state),
-            "result": redactor.data(job.result),
-            "usage": redactor.data(job.usage),
+            "progress": view.progress,
+            "run_state": view.run_state,
+            "result": view.result,
+            "usage": view.usage,
             "failure_reason": job.failure_reason,
-            "error": redactor.text(f"{job.error_class}: {job.error_message}") if job.error_class else "",
+            "error": view.error,
             "trace_id": job.trace_id,
             "correlation_id": job.correlation_id,
-            "created_by": redactor.text(job.created_by, limit=None),
+            "created_by": job.created_by,
             "attempt_log": attempts,
         }
         if options["json"]:

@@ -23,7 +23,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from console.charts import BarChart, bar_chart
-from console.jobs import COUNT_CAP
+from console.selectors.jobs import COUNT_CAP
 from reviews.models import ReviewRequest, ReviewState
 from workers.models import (
     ABNORMAL_EXITS,

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from koala.audit import record_audit
+from koala.audit import AuditAction, record_audit
 from workers import kinds
 from workers.models import Operation
 from workers.services.operations import needing_attention
@@ -45,5 +45,7 @@ def open_operations(*, actor: str, limit: int = 200) -> list[OpenOperation]:
             )
         )
     with transaction.atomic():
-        record_audit(actor=actor, action="read", target_type="operations", target_id="uncertain", details={"shown": len(rows)})
+        record_audit(
+            actor=actor, action=AuditAction.READ, target_type="operations", target_id="uncertain", details={"shown": len(rows)}
+        )
     return rows

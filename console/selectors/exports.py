@@ -1,8 +1,8 @@
 """Reading exports for people: the newest export records, redacted, with what the viewer may do.
 
 Only records are shown (scope, state, counts, checksum, timings, the failure), never customer
-rows. Who may download or cancel an export is decided by ``exports.services`` (the rules of
-``open_download`` and ``cancel_export``); the console only asks. A person's read of the list
+rows. Who may download or cancel an export is decided by ``exports.selectors.export_access``
+(the rules of ``open_download`` and ``cancel_export``); the console only asks. A person's read of the list
 is written to the audit log, like the job list.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from django.db import transaction
 
-from exports.services import Person, describe_export, export_access, latest_exports
-from koala.audit import record_audit
+from exports.selectors import Person, describe_export, export_access, latest_exports
+from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_data
 
 LIST_LIMIT = 50  # the newest exports; older ones are in the Django admin's export list
@@ -34,7 +34,8 @@ class ExportRow:
 
 
 def list_exports(*, user: Person, actor: str, limit: int = LIST_LIMIT) -> list[ExportRow]:
-    """The newest exports (states brought up to date with their jobs), redacted, newest first."""
+    """The newest exports (an export whose job the engine ended shown settled, see
+    ``exports.selectors``), redacted, newest first."""
     exports = latest_exports(limit=limit)
     access = export_access(user=user, exports=exports)
     rows = []
@@ -52,5 +53,5 @@ def list_exports(*, user: Person, actor: str, limit: int = LIST_LIMIT) -> list[E
             )
         )
     with transaction.atomic():
-        record_audit(actor=actor, action="read", target_type="export_list", target_id="", details={"shown": len(rows)})
+        record_audit(actor=actor, action=AuditAction.READ, target_type="export_list", target_id="", details={"shown": len(rows)})
     return rows
