@@ -41,6 +41,7 @@ from workers.models import Attempt, FailureReason, Job, Outcome, WorkerProcess
 from workers.services import leases
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -29,6 +29,7 @@ from tests.kinds import effect_lines, world_effects
 from workers.models import JobState, Operation, Outcome
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # Test workers run with a 3 s lease (tests/conftest.py), so the session bounds default to

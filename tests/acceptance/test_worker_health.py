@@ -21,6 +21,7 @@ from tests.conftest import wait_for
 from workers.models import WorkerExit, WorkerProcess
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -25,6 +25,7 @@ from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue
 
+# transaction=True: a live server thread and real worker/beat subprocesses read these rows on their own connections.
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,

@@ -27,6 +27,7 @@ from workers.models import Job, Operation
 from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
