@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -111,6 +110,55 @@ def pending(queue: str = "default") -> int:
     return doorbell.rq_queue(queue).count
 
 
+def listening() -> int:
+    """Clients of this Redis database blocked in a pop: workers waiting for a doorbell."""
+    client = doorbell.redis_connection()
+    db = str(client.connection_pool.connection_kwargs.get("db", 0))
+    return sum(1 for c in client.client_list() if c.get("db") == db and "b" in c.get("flags", ""))
+
+
+def live_rq_workers() -> list[RQWorker]:
+    """RQ's registered workers whose process still runs (a killed one stays registered for a while)."""
+    return [w for w in rq_workers().values() if w.pid and is_alive(w.pid)]
+
+
+def wait_listening(workers: int = 0, timeout: float = 10.0) -> None:
+    """At least ``workers`` live RQ workers, and every one that RQ calls idle blocked in its pop:
+    a doorbell rung now is taken at once."""
+
+    def listened() -> bool:
+        live = live_rq_workers()
+        return len(live) >= workers and listening() >= sum(1 for w in live if w.get_state() == "idle")
+
+    wait_for(listened, timeout=timeout, interval=0.02, what="idle workers to block in their pop")
+
+
+def wait_quiet(*queues: str, timeout: float = 20.0) -> None:
+    """Every doorbell rung so far has been handled: none is pending on ``queues`` ("default" if
+    none named) and every live worker is back in its blocking pop. What a test waits for instead
+    of sleeping through "a few doorbells": a message is popped only by a worker that then stops
+    listening until it is done with it."""
+    names = queues or ("default",)
+
+    def quiet() -> bool:
+        if any(pending(q) for q in names):
+            return False
+        workers = live_rq_workers()
+        return all(w.get_state() == "idle" for w in workers) and listening() >= len(workers)
+
+    wait_for(quiet, timeout=timeout, interval=0.05, what=f"every doorbell on {'/'.join(names)} to be handled")
+
+
+def ring_for(queue: str, job_ids: Iterable[int]) -> None:
+    """A doorbell naming each job (as a stale or duplicate message would), and back once a
+    worker has handled every one: the strongest nudge to run a job that must not run."""
+    ids = list(job_ids)
+    versions = dict(Job.objects.filter(pk__in=ids).values_list("pk", "version"))
+    rung = doorbell.ring(queue, [(job_id, versions.get(job_id, 1)) for job_id in ids], depth=pending(queue) + len(ids))
+    assert rung == len(ids), f"rang {rung} of {len(ids)} doorbells"
+    wait_quiet(queue)
+
+
 # -- processes ------------------------------------------------------------------------------------
 def wait_workers_ready(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 20.0) -> None:
     """Ready: registered (WorkerProcess row) and listening (RQ reports the worker idle in Redis)."""
@@ -127,8 +175,8 @@ def wait_workers_ready(procs: Iterable[subprocess.Popen[bytes]], timeout: float 
         known = rq_workers()
         return all(name in known and known[name].get_state() == "idle" for name in names.values())
 
-    wait_for(ready, timeout=timeout, interval=0.05, what="workers to listen")
-    time.sleep(0.1)  # from 'idle' to the blocking pop
+    wait_for(ready, timeout=timeout, interval=0.05, what="workers to register")
+    wait_listening(timeout=timeout)  # from 'idle' to the blocking pop
 
 
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:

@@ -25,22 +25,27 @@ from tests.acceptance.support import (
     job,
     lines,
     pending,
+    ring_for,
     rq_workers,
     snapshot,
     starts,
     wait_all_terminal,
     wait_exit,
+    wait_listening,
+    wait_quiet,
     wait_start,
     wait_state,
     wait_workers_ready,
 )
 from tests.conftest import wait_for, worker_env
+from tests.inprocess import beat_tick
 from workers import doorbell, kinds
 from workers.errors import Rejection
 from workers.models import Attempt, FailureReason, Job, Outcome, WorkerProcess
 from workers.services import leases
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
@@ -111,9 +116,11 @@ def test_kill_9_mid_body(processes, tmp_path, stray_pids, kind: str, worker_clas
         assert (done.state, done.failure_reason) == ("failed", FailureReason.ORPHANED)
         assert [t.outcome for t in attempts(job_id)] == [Outcome.ORPHANED]
         assert done.attempts == 1
-        # The other worker is alive and the beat keeps ringing: still nothing runs it again.
+        # A doorbell naming it reaches a live worker and the beat ticks: still nothing runs it again.
         before = snapshot(job_id)
-        time.sleep(1.0)
+        ring_for("default", [job_id])
+        beat_tick()
+        wait_quiet("default")
         assert snapshot(job_id) == before
         assert len(starts(log, job_id)) == 1 and ends(log, job_id) == []
     if worker_class == "fork":
@@ -158,7 +165,6 @@ def test_stopped_worker_past_its_lease_cannot_change_the_outcome(processes, tmp_
         timeout=15,
         what="the stale worker to finish its delivery",
     )
-    time.sleep(0.3)
     assert snapshot(job_id) == before, "the stale attempt changed the job or its attempts"
     assert stale.poll() is None and fresh.poll() is None, "both workers keep serving"
 
@@ -262,7 +268,7 @@ def test_redis_restart_without_persistence_loses_and_doubles_nothing(private_red
     wait_for(lambda: _progress(job_ids) >= 50, timeout=60, interval=0.02, what="50 jobs done")
     private_redis.kill()
     down_at = _progress(job_ids)
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage itself: wall time with Redis away (workers see their pops fail)
     private_redis.start()  # same port, empty: every message is gone
     doorbell.reset_connection()
     wait_all_terminal(job_ids, timeout=90)
@@ -294,10 +300,12 @@ def test_enqueue_in_a_rolled_back_transaction_never_runs(processes, tmp_path, st
         other.start()
         other.join()
         wait_for(lambda: len(ends(control_log)) == 1, timeout=20, what="the control job to run")
-        time.sleep(0.5)  # a few beat ticks with the doomed row still uncommitted
+        ring_for("default", [doomed.job_id])  # a doorbell naming the uncommitted row, handled
         raise RuntimeError("caller fails")
 
-    time.sleep(2.0)  # ten beat ticks and an idle worker: nothing may run
+    ring_for("default", [doomed.job_id])  # and one naming the rolled-back row, with a beat tick
+    beat_tick()
+    wait_quiet("default")
     assert lines(log, "start") == [] and not os.path.exists(log)
     assert not Job.objects.filter(pk=doomed.job_id).exists()
     assert Job.objects.count() == 1 and Attempt.objects.count() == 1  # the control job only
@@ -473,7 +481,9 @@ def test_sigterm_past_the_deadline_never_reruns_an_at_most_once_body(processes, 
     assert wait_exit(worker, timeout=10) == 0
     other = processes.worker("--worker-class", worker_class)
     wait_workers_ready([other])
-    time.sleep(1.0)  # the beat rings every 0.2 s for due jobs; another worker is listening
+    ring_for("default", [job_id])  # another worker listens, a doorbell names the job, the beat ticks
+    beat_tick()
+    wait_quiet("default")
     row = job(job_id)
     assert row.state == "failed", f"an interrupted at_most_once job must not go back to the queue (state {row.state})"
     assert (row.failure_reason, row.error_class, row.attempts) == (FailureReason.ORPHANED, "Interrupted", 1)
@@ -516,7 +526,7 @@ def test_pool_of_two_drains_and_exits_cleanly_on_sigterm(processes, tmp_path, st
     members = list(WorkerProcess.objects.values_list("name", "pid"))
     stray_pids.extend(pid for _, pid in members)
     assert pool.pid not in {pid for _, pid in members}
-    time.sleep(0.3)
+    wait_listening(workers=2)
 
     job_ids = _enqueue_probes(log, 50, seconds=0.02)
     wait_all_terminal(job_ids, timeout=60)

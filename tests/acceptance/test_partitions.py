@@ -14,7 +14,6 @@ lines of the world file, with the caller's pid), never on log lines:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -22,13 +21,15 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from tests.acceptance.support import attempts, job, wait_state, wait_workers_ready
+from tests.acceptance.support import attempts, job, rq_workers, wait_state, wait_workers_ready
 from tests.conftest import wait_for, worker_env
 from tests.fakes.netproxy import FaultProxy
 from tests.kinds import effect_lines, world_effects
 from workers.models import JobState, Operation, Outcome
 from workers.services.jobs import enqueue
+from workers.services.maintenance import ReapReport, reap
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # Test workers run with a 3 s lease (tests/conftest.py), so the session bounds default to
@@ -78,11 +79,19 @@ def start_the_takeover(processes) -> None:  # type: ignore[no-untyped-def]
     wait_workers_ready([healthy])
 
 
-def let_the_stale_side_act() -> None:
-    """After heal(): the stale process gets its held replies within milliseconds and would act
-    on them at once (call the provider, write a row). Nothing in the database marks "it chose
-    to do nothing", so give it a fixed while; the assertions after this would catch any act."""
-    time.sleep(3)
+def let_the_stale_side_act(name: str = "stale", timeout: float = 20.0) -> None:
+    """After heal(): the stale worker gets its held replies within milliseconds and would act on
+    them at once (call the provider, write a row). Nothing in the database marks "it chose to do
+    nothing", but RQ counts the delivery as handled once the worker's drain has returned: by then
+    everything the stale attempt was going to try has been tried (and the assertions after this
+    would catch any act)."""
+
+    def done() -> bool:
+        worker = rq_workers().get(name)
+        handled = worker.successful_job_count + worker.failed_job_count if worker is not None else 0
+        return handled >= 1 and worker is not None and worker.get_state() == "idle"
+
+    wait_for(done, timeout=timeout, what=f"the stale worker {name} to finish its delivery")
 
 
 def calls(world: str) -> list[list[str]]:
@@ -209,11 +218,13 @@ def test_a_completion_that_landed_before_the_partition_is_never_undone(processes
     wait_workers_ready([other])
     wait_state(job_id, JobState.SUCCEEDED, timeout=10)
     before = job(job_id).updated_at
-    # Past lease (3 s) + grace (0.5 s) twice over, with a beat ticking every 0.2 s and an idle
-    # worker: a reaper that took the silent worker's job back would act within this window.
-    time.sleep(7)
+    # The silent worker's lease (3 s from its last heartbeat) and the grace (0.5 s) run out by
+    # PostgreSQL's clock, with a beat ticking every 0.2 s and an idle worker; then one more reap
+    # with no grace at all: a reaper that took the job back would have done so by now.
+    wait_for(lambda: _silent_for(job_id, seconds=3.5), timeout=15, what="the silent worker's lease and grace to run out")
+    assert reap(grace_seconds=0) == ReapReport(orphaned=0, requeued=0, failed=0, deadline_failed=0)
     pg_proxy.heal()
-    let_the_stale_side_act()
+    let_the_stale_side_act("cutoff")
     done = job(job_id)
     assert done.state == JobState.SUCCEEDED and done.updated_at == before
     assert [a.outcome for a in attempts(job_id)] == [Outcome.SUCCEEDED]
@@ -244,6 +255,17 @@ def test_a_partitioned_reaper_never_stalls_the_takeover(processes, pg_proxy: Fau
     wait_for(lambda: all(a.finished_at for a in attempts(job_id)), timeout=10)
     assert [a.outcome for a in attempts(job_id)] == [Outcome.ORPHANED, Outcome.SUCCEEDED]
     assert len(world_effects(world)) == 1
+
+
+def _silent_for(job_id: int, *, seconds: float) -> bool:
+    """The job's last attempt has not heartbeaten for ``seconds`` (PostgreSQL's clock)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT now() > max(heartbeat_at) + make_interval(secs => %s) FROM workers_attempt WHERE job_id = %s",
+            [seconds, job_id],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def _expired(job_id: int) -> bool:

@@ -16,6 +16,7 @@ from tests.conftest import wait_for, worker_env
 from workers.models import Attempt, Job, Outcome
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 OLD = {"KOALA_TEST_NO_V2": "1"}  # these workers lack versioned@2

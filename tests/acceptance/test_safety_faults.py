@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.support import assert_engine_invariants, ends, starts, wait_workers_ready
+from tests.acceptance.support import assert_engine_invariants, ends, ring_for, starts, wait_quiet, wait_workers_ready
 from tests.conftest import wait_for
+from tests.inprocess import beat_tick
 from tests.kinds import world_effects
 from workers.models import Attempt, BudgetUsage, Job, Operation, Pause
 from workers.services import budgets, pauses
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
@@ -67,7 +69,10 @@ def test_drain_pause_lets_in_flight_finish_and_claims_nothing_until_resumed(proc
     waiting = [enqueue(kind="tests.steady", input={"log": log, "seconds": 0}).job_id for _ in range(3)]
     wait_for(lambda: Job.objects.get(pk=running).state == "succeeded", timeout=20, what="in-flight job to finish")
     assert len(ends(log, running)) == 1 and Attempt.objects.filter(job_id=running).count() == 1
-    time.sleep(2)  # several beat ticks and doorbells: still nothing may be claimed
+    # Doorbells naming the paused jobs, a beat tick, and every message handled: still nothing claimed.
+    ring_for("default", waiting)
+    beat_tick()
+    wait_quiet("default")
     assert states(waiting) == {"queued": 3}
     assert not Attempt.objects.filter(job_id__in=waiting).exists()
 
@@ -95,8 +100,10 @@ def test_stop_pause_cancels_running_work_at_the_next_heartbeat_without_using_an_
     assert job.attempts == 0  # released: no attempt used
     first = Attempt.objects.get(job_id=job_id)
     assert first.outcome == "interrupted" and "stop pause" in first.error_message
-    time.sleep(1.5)
-    assert Job.objects.get(pk=job_id).state == "queued" and len(starts(log, job_id)) == 1  # not reclaimed while paused
+    ring_for("default", [job_id])  # a doorbell for it, and a beat tick: not reclaimed while paused
+    beat_tick()
+    wait_quiet("default")
+    assert Job.objects.get(pk=job_id).state == "queued" and len(starts(log, job_id)) == 1
 
     Job.objects.filter(pk=job_id).update(input={"log": log, "seconds": 0})  # (test shortcut: finish fast after resume)
     pauses.resume(pause_id=row.pk, actor="ops")
@@ -126,6 +133,8 @@ def test_five_crashes_in_a_row_trip_the_circuit_breaker(processes, tmp_path: Pat
     log = str(tmp_path / "steady.log")
     other = enqueue(kind="tests.steady", input={"log": log, "seconds": 0}).job_id
     wait_for(lambda: Job.objects.get(pk=other).state == "succeeded", timeout=20, what="another kind to keep running")
-    time.sleep(1)
+    ring_for("default", [held])  # a doorbell naming it reaches the worker: the breaker holds it
+    beat_tick()
+    wait_quiet("default")
     assert Job.objects.get(pk=held).state == "queued" and not Attempt.objects.filter(job_id=held).exists()
     assert worker.poll() is None

@@ -9,7 +9,6 @@ dashboard renders, and from each worker's own row (its recorded exits).
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from tests.conftest import wait_for
 from workers.models import WorkerExit, WorkerProcess
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
@@ -98,7 +98,8 @@ def test_a_live_worker_holding_one_attempt_too_long_is_stuck(processes, settings
     job_id = enqueue(kind="probe", input={"log": log, "seconds": 30}).job_id
     wait_start(log, job_id)
     assert status_of("stuck-w")[0] == "healthy"  # running, not for long yet
-    time.sleep(1.5)
+    # Stuck once the attempt has run past KOALA_STUCK_AFTER_SECONDS of wall time, as it keeps running.
+    wait_for(lambda: status_of("stuck-w")[0] == "stuck", timeout=10, what="the busy worker to count as stuck")
     status, why = status_of("stuck-w")
     assert status == "stuck" and "one attempt running" in why
     assert status_of("idle-w")[0] == "idle"  # alive, nothing due on its queue: not stuck, not a loop

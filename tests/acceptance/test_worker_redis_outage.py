@@ -22,6 +22,7 @@ from tests.conftest import wait_for
 from workers import doorbell
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 RESUME_BOUND_SECONDS = 3.0

@@ -21,6 +21,7 @@ from tests.conftest import REPO, wait_for, worker_env
 from workers.models import Outcome, WorkerExit, WorkerProcess
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -36,8 +36,12 @@ def ensure_roles() -> None:
 
 
 @pytest.fixture
-def role_users(transactional_db: None) -> dict[str, User]:
-    """operator, reviewer, auditor (one group each), and a staff user with no role."""
+def role_users(db: None, settings: Any) -> dict[str, User]:
+    """operator, reviewer, auditor (one group each), and a staff user with no role. Committed
+    or not as the test's own django_db mark says (``db`` follows the mark)."""
+    # A real but fast hasher for these test-only passwords (the default costs ~0.3 s a user);
+    # the browser tests still log in through the login form with them.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     ensure_roles()
     return {
         "operator": make_user("olga", "operators"),

@@ -14,7 +14,8 @@ from workers.models import Job, Pause
 from workers.services.jobs import enqueue
 from workers.services.pauses import pause
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Plain django_db: each action is one request through the services, inside the test's transaction.
+pytestmark = pytest.mark.django_db
 
 
 def test_a_global_pause_needs_a_second_confirming_post(clients: dict[str, Client], redis_clean: None) -> None:

@@ -17,14 +17,16 @@ from django.utils import timezone
 from devtools.sandbox.provider import FakeProvider
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
-from tests.acceptance.support import wait_state, wait_workers_ready
+from tests.acceptance.support import ring_for, wait_quiet, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
 from tests.console.conftest import PASSWORD, effects_env
 from tests.console.scenarios import BEARER, CARD
+from tests.inprocess import beat_tick
 from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue
 
+# transaction=True: a live server thread and real worker/beat subprocesses read these rows on their own connections.
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
@@ -151,7 +153,10 @@ def test_operator_drains_a_queue_and_resumes_it(fleet: Processes, people: Any) -
     olga.shot("pauses")
 
     jobs = [enqueue(kind="noop", input={}).job_id for _ in range(3)]
-    time.sleep(3)  # several drain/beat cycles: a paused queue claims nothing
+    # Doorbells naming them reach the worker, and the beat ticks: a paused queue claims nothing.
+    ring_for("default", jobs)
+    beat_tick()
+    wait_quiet("default")
     assert set(Job.objects.filter(pk__in=jobs).values_list("state", flat=True)) == {JobState.QUEUED}
     assert all(p.poll() is None for p in fleet.procs), "the worker is alive, just not claiming"
     for page in ("/admin/console/", "/admin/", "/admin/workers/job/"):  # the banner is on every admin page
@@ -198,7 +203,7 @@ def test_failed_job_page_shows_the_redacted_message_and_never_the_secret(fleet: 
 def test_dashboard_backlog_age_and_depth_match_the_database(people: Any, redis_clean: None) -> None:
     # "bulk" has no worker in this test: the backlog stays where it is.
     first = enqueue(kind="noop", input={}, queue="bulk").job_id
-    time.sleep(2)
+    time.sleep(2)  # wall time on purpose: the backlog's age on the page is time since scheduled_at
     later = [enqueue(kind="noop", input={}, queue="bulk").job_id for _ in range(24)]
     enqueue(kind="noop", input={}, queue="bulk", delay_seconds=3600)  # queued but not due: depth, not age
 

@@ -22,7 +22,9 @@ from tests.console.scenarios import failed_job_with_secrets
 from tests.exports.conftest import People, drain_exports, load_events, request
 from workers.models import Job
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Plain django_db for the page and its actions; the tests that run an export's job are marked
+# transaction=True (the runtime's claims need committed rows: tests/inprocess.py).
+pytestmark = pytest.mark.django_db
 
 PAGE = "/admin/console/exports/"
 TOKEN = "tok_live_abcdefgh12345678"  # credential-shaped: the redaction layer masks it
@@ -52,6 +54,7 @@ def succeeded(people: People, export_root: Path, redis_clean: None) -> Export:
     return done
 
 
+@pytest.mark.django_db(transaction=True)  # runs an export's job (tests/inprocess.py)
 def test_the_page_lists_the_newest_exports_with_their_records_redacted(
     succeeded: Export, people: People, clients: dict[str, Client]
 ) -> None:
@@ -114,6 +117,7 @@ def test_every_role_reads_the_page_and_nobody_else_does(
     assert Export.objects.get(pk=export.pk).state == ExportState.QUEUED
 
 
+@pytest.mark.django_db(transaction=True)  # runs an export's job (tests/inprocess.py)
 def test_download_is_offered_only_to_people_the_export_services_let_download(
     succeeded: Export, people: People, clients: dict[str, Client], role_users: dict[str, User]
 ) -> None:
@@ -204,6 +208,7 @@ def test_the_csrf_token_is_needed_to_cancel(people: People, role_users: dict[str
     assert Export.objects.get(pk=export.pk).state == ExportState.QUEUED
 
 
+@pytest.mark.django_db(transaction=True)  # runs an export's job (tests/inprocess.py)
 def test_export_jobs_are_not_offered_retry_and_the_server_refuses_it(
     people: People, export_root: Path, clients: dict[str, Client], redis_clean: None
 ) -> None:

@@ -20,6 +20,7 @@ from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue
 from workers.services.pauses import pause
 
+# transaction=True: the world each test acts on is reached through the in-process runtime (tests/inprocess.py).
 pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]

@@ -117,7 +117,12 @@ def test_a_key_in_use_by_a_concurrent_request_is_outcome_unknown(provider: FakeP
 
     thread = threading.Thread(target=first)
     thread.start()
-    time.sleep(0.3)
+    # The provider took the slow fault: the first request holds the key and is being processed.
+    wait_for(
+        lambda: [f["times"] for f in provider.stats()["faults"] if f["name"] == "slow"] == [0],
+        timeout=10,
+        what="the first request to reach the provider",
+    )
     with pytest.raises(OutcomeUnknown, match=r"409.*idempotency_key_in_use.*still being processed"):
         order(payments.client(), "k-10")
     thread.join()

@@ -18,6 +18,7 @@ from workers.models import Job, Operation
 from workers.services import budgets, operations
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

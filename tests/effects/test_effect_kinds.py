@@ -8,7 +8,6 @@ which also sees replays that its idempotency would hide from the effect count.
 
 from __future__ import annotations
 
-import time
 from io import StringIO
 
 import pytest
@@ -17,11 +16,12 @@ from devtools.sandbox.provider import FakeProvider
 from effects.providers import email
 from reviews.models import ReviewRequest
 from tests.fakes.smtp import SmtpSink
-from tests.inprocess import drain, run_until
+from tests.inprocess import drain, drain_until, run_until
 from workers.models import Attempt, Job, Operation
 from workers.services import budgets, operations
 from workers.services.jobs import enqueue
 
+# transaction=True: bodies run through the real runtime, whose claims need committed rows (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -148,6 +148,7 @@ def test_charge_above_the_threshold_waits_for_review_without_charging(provider: 
     assert run_until(shop("o-edge", amount=5000), "succeeded").result["amount_minor"] == 5000
 
 
+@pytest.mark.django_db  # refused at enqueue: nothing runs, nothing needs committing
 def test_bad_shop_input_is_refused_at_enqueue() -> None:
     from workers.errors import EnqueueError
 
@@ -214,6 +215,7 @@ def test_email_refused_for_now_is_retried_and_sent_once(smtp_sink: SmtpSink, red
     assert message["rcpt_tos"] == ["ana@example.com", "bo@example.com"] and "order o-1" in message["body"]
 
 
+@pytest.mark.django_db  # refused at enqueue: nothing runs, nothing needs committing
 def test_email_input_is_checked_at_enqueue() -> None:
     from workers.errors import EnqueueError
 
@@ -260,14 +262,11 @@ def test_demo_enqueues_the_side_effect_kinds_once(provider: FakeProvider, redis_
         "demo-order-2": "parked",
         "demo-model-1": "succeeded",
     }
-    states: dict[str, str] = {}
-    for _ in range(40):
-        drain()
-        states = dict(Job.objects.filter(idempotency_key__in=expected).values_list("idempotency_key", "state"))
-        if states == expected:
-            break
-        time.sleep(0.1)
-    assert states == expected
+
+    def demo_states() -> dict[str, str]:
+        return dict(Job.objects.filter(idempotency_key__in=expected).values_list("idempotency_key", "state"))
+
+    drain_until(lambda: demo_states() == expected, what=lambda: f"the demo jobs to be {expected}, not {demo_states()}")
     assert Job.objects.get(idempotency_key="demo-order-2").park_reason == "waiting_review"
     assert [m.subject for m in mail.outbox] == ["Welcome"]  # the test mailer (locmem)
     assert len(provider.effects("charges")) == 1 and len(provider.effects("completions")) == 1

@@ -26,6 +26,7 @@ from workers.models import Budget, Job, Operation
 from workers.services import budgets, operations
 from workers.services.jobs import cancel_job, enqueue, retry_job
 
+# transaction=True: real worker subprocesses, and bodies run through the in-process runtime (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OPEN = ("in_flight", "uncertain")

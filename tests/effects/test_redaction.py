@@ -20,11 +20,12 @@ from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from tests.acceptance.support import wait_state, wait_workers_ready
 from tests.effects.conftest import PROVIDER_API_KEY, effects_env
-from tests.inprocess import run_until
+from tests.inprocess import drain, run_until
 from tests.planted import planted
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 
+# transaction=True: a real worker subprocess (and, in-process, the runtime: tests/inprocess.py) needs committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TOKEN = "tok_live_Q7w8E9r0T1y2U3i4"  # credential-shaped
@@ -122,12 +123,10 @@ def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_review
 
 
 def test_an_operation_target_is_stored_redacted(provider: FakeProvider, redis_clean: None) -> None:
-    from workers.runtime import get_runtime
-
     job_id = enqueue(
         kind="shop.order_and_charge", input={"reference": f"o-11 {TOKEN}", "amount_minor": 900, "currency": "EUR"}
     ).job_id
-    get_runtime().drain(first_job_id=job_id, origin_queue="default")
+    drain(job_id=job_id)
     targets = list(Operation.objects.filter(job_id=job_id).values_list("target", flat=True))
     assert len(targets) == 2
     assert all(TOKEN not in target and "[redacted]" in target for target in targets), targets

@@ -28,6 +28,7 @@ from workers.models import BudgetUsage, Job, Operation, Pause
 from workers.services import budgets
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
+# transaction=True: real worker subprocesses, and bodies run through the in-process runtime (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PRICE_IN, PRICE_OUT = 1_000_000, 2_000_000  # minor units per million tokens: 1 a token in, 2 a token out

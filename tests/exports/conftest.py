@@ -1,11 +1,10 @@
 """Fixtures for the export tests: people and accounts, demo events, a private export folder,
-an in-process drain of the exports queue, and environments for real worker subprocesses."""
+and environments for real worker subprocesses (the in-process drain is tests.inprocess.run_export)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -22,8 +21,7 @@ from exports.models import Account, Export
 from exports.services import request_export
 from exports.streaming import connection_params
 from tests.conftest import worker_env
-from workers.models import Job
-from workers.runtime import get_runtime
+from tests.inprocess import run_export
 
 # The export's query, written out here rather than imported, so the tests check the job
 # against SQL they state themselves.
@@ -112,19 +110,9 @@ def temp_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "tmp").rglob("*") if p.is_file()) if (root / "tmp").exists() else []
 
 
-def drain_exports(export_id: int, timeout: float = 60) -> Export:
-    """Run the export's job in this process (main thread: real SIGALRM limits), retrying as the
-    dispatcher would, until the job ends."""
-    export = Export.objects.get(pk=export_id)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        get_runtime().drain(first_job_id=None, origin_queue="exports")
-        job = Job.objects.get(pk=export.job_id)
-        if job.is_terminal:
-            export.refresh_from_db()
-            return export
-        time.sleep(0.05)
-    raise AssertionError(f"export {export_id} did not finish within {timeout}s")
+# The in-process drain of an export's job lives with the other in-process helpers; this name
+# stays for the export tests that import it from here.
+drain_exports = run_export
 
 
 @dataclass

@@ -25,13 +25,16 @@ from tests.exports.conftest import People, drain_exports, load_events, request
 from workers.models import Job
 from workers.services.jobs import cancel_job
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Plain django_db for requests, access checks and commands; the tests that run the export's job
+# are marked transaction=True (the runtime's claims need committed rows: tests/inprocess.py).
+pytestmark = pytest.mark.django_db
 
 
 def download(client: Client, export: Export) -> Any:
     return client.get(reverse("exports:download", args=[export.pk]))
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 def test_outsider_can_neither_create_nor_download(people: People, export_root: Path, redis_clean: None) -> None:
     with pytest.raises(ExportPermissionDenied, match="mallory may not export data of account acme"):
         request(people, user=people.mallory)
@@ -65,6 +68,7 @@ def test_outsider_can_neither_create_nor_download(people: People, export_root: P
     assert not downloads.exists(), "refused downloads read nothing"
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 @pytest.mark.parametrize("who", ["alice", "root"])
 def test_member_and_superuser_download_the_published_object(
     people: People, export_root: Path, redis_clean: None, who: str
@@ -237,6 +241,7 @@ def test_clean_removes_temp_objects_of_ended_exports_only(people: People, export
     assert any((export_root / "tmp" / str(running.pk)).iterdir()), "a running export's temp file is its attempt's"
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 def test_failed_export_stays_inspectable_in_the_admin_without_customer_data(
     people: People, export_root: Path, redis_clean: None
 ) -> None:

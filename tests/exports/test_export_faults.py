@@ -20,13 +20,14 @@ import pytest
 
 from exports.models import Export, ExportState
 from exports.services import cancel_export
-from tests.acceptance.support import attempts, wait_all_terminal, wait_state, wait_workers_ready
+from tests.acceptance.support import attempts, is_alive, wait_all_terminal, wait_quiet, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
 from tests.exports.conftest import Faults, People, direct_copy, load_events, published, request, sha256, temp_files
 from workers.models import Job, Operation
 from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue
 
+# transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
@@ -116,8 +117,9 @@ def test_kill_9_mid_stream_publishes_nothing_partial_and_the_retry_cleans_up(
     partial = temp_files(export_root)
     assert len(partial) == 1 and partial[0].stat().st_size > 0, "attempt 1 is writing its temporary object"
     assert published(export_root) == []
-    os.kill(int(batches[0][7]), signal.SIGKILL)
-    time.sleep(0.5)
+    killed = int(batches[0][7])
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: not is_alive(killed), timeout=10, what=f"worker {killed} to die")
     assert published(export_root) == [] and partial[0].exists(), "a killed attempt leaves its temp file, never a final one"
 
     done = finished(export.pk)
@@ -188,7 +190,7 @@ def test_cancellation_mid_export_stops_within_one_batch(
     cancelled_at = time.time()
     assert cancel_export(export_id=export.pk, user=people.alice, reason="not needed").state == ExportState.CANCELLED
     wait_for(lambda: temp_files(export_root) == [], timeout=10, what="the body to stop and remove its temp file")
-    time.sleep(1.0)  # time for any further batch to show up
+    wait_quiet("exports")  # the worker is done with the delivery: any further batch would be logged by now
 
     lines = faults.lines("batch", export.pk) + faults.lines("phase", export.pk)
     events = sorted(lines, key=lambda line: float(line[-2]))
@@ -222,7 +224,7 @@ def test_small_default_jobs_keep_completing_while_large_exports_run(
             ids.append(enqueue(kind="noop", input={"n": n}).job_id)
             running = Job.objects.filter(queue="exports", state="running").count()
             assert running <= 1, f"{running} exports ran at once"
-            time.sleep(gap)
+            time.sleep(gap)  # wall time on purpose: small jobs arriving spread out, while exports stream
         wait_all_terminal(ids, timeout=30)
         jobs = Job.objects.filter(pk__in=ids)
         assert {j.state for j in jobs} == {"succeeded"}

@@ -27,6 +27,8 @@ from tests.exports.conftest import (
 )
 from workers.models import Attempt, Job, Operation
 
+# transaction=True: the export's job runs through the real runtime (tests/inprocess.py), and its
+# stream reads the events on a connection of its own.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -150,7 +152,7 @@ def test_time_limit_stops_the_export_between_batches(people: People, export_root
 
     def slow(sender: object, **kwargs: Any) -> None:  # a slow storage, as seen by the body
         batches.append(time.monotonic())
-        time.sleep(0.1)
+        time.sleep(0.1)  # wall time on purpose: the time limit under test is wall time
 
     export_batch.connect(slow, dispatch_uid="slow")
     try:
@@ -212,9 +214,10 @@ def test_a_dropped_database_connection_mid_stream_is_retried(
         if attempt == 1 and batch == 3:
             with connection.cursor() as cursor:  # the body's own Django connection: same process
                 for pid in database_backends(f"koala-export-{export.pk}"):
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                    # With a timeout, PostgreSQL returns once the backend has really exited.
+                    cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+                    assert cursor.fetchone()[0], f"backend {pid} did not exit"
                     killed.append(pid)
-            time.sleep(0.2)
 
     export_batch.connect(drop_connection, dispatch_uid="drop")
     try:

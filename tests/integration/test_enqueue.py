@@ -11,18 +11,23 @@ from workers.errors import EnqueueError
 from workers.models import Job
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Plain django_db: enqueue is the only writer here, and its doorbell is an on_commit callback,
+# which django_capture_on_commit_callbacks runs (or shows was never registered) without a commit.
+pytestmark = pytest.mark.django_db
 
 
 def pending_messages(queue: str = "default") -> int:
     return doorbell.rq_queue(queue).count
 
 
-def test_enqueue_creates_job_and_rings_after_commit(redis_clean: None) -> None:
-    with transaction.atomic():
-        result = enqueue(kind="noop", input={"n": 1})
-        # Nothing rings before commit: a worker must never look before the row exists.
-        assert pending_messages() == 0
+def test_enqueue_creates_job_and_rings_after_commit(redis_clean: None, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    with django_capture_on_commit_callbacks(execute=True) as rings:
+        with transaction.atomic():
+            result = enqueue(kind="noop", input={"n": 1})
+            # Nothing rings before commit: a worker must never look before the row exists.
+            assert pending_messages() == 0
+        assert pending_messages() == 0  # the outer transaction (the test's) has not committed either
+    assert len(rings) == 1
     assert result.created
     job = Job.objects.get(pk=result.job_id)
     assert (job.kind, job.version, job.state, job.attempts, job.queue) == ("noop", 1, "queued", 0, "default")
@@ -33,6 +38,9 @@ def test_enqueue_creates_job_and_rings_after_commit(redis_clean: None) -> None:
     assert message.kwargs == {}
 
 
+# transaction=True: outside any transaction a lone enqueue takes the autocommit path (one
+# INSERT … ON CONFLICT, no BEGIN/COMMIT); only a test that really commits runs it.
+@pytest.mark.django_db(transaction=True)
 def test_same_key_same_input_returns_existing(redis_clean: None) -> None:
     first = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-1")
     second = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-1")
@@ -41,6 +49,9 @@ def test_same_key_same_input_returns_existing(redis_clean: None) -> None:
     assert Job.objects.count() == 1
 
 
+# transaction=True: outside any transaction a lone enqueue takes the autocommit path (one
+# INSERT … ON CONFLICT, no BEGIN/COMMIT); only a test that really commits runs it.
+@pytest.mark.django_db(transaction=True)
 def test_same_key_other_input_is_an_error_and_changes_nothing(redis_clean: None) -> None:
     first = enqueue(kind="noop", input={"a": 1}, idempotency_key="k-2")
     before = list(Job.objects.values())
@@ -79,9 +90,11 @@ def test_bad_input_is_a_clear_error_and_no_row_changes(redis_clean: None, spec: 
     assert Job.objects.get(pk=existing.job_id).input == {"keep": True}
 
 
-def test_enqueue_many_batches_and_bounds_doorbell(redis_clean: None, settings) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_many_batches_and_bounds_doorbell(redis_clean: None, settings, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
     settings.KOALA_DOORBELL_DEPTH = 3
-    results = enqueue_many(specs=[JobSpec(kind="noop", input={"n": n}) for n in range(50)])
+    with django_capture_on_commit_callbacks(execute=True) as rings:
+        results = enqueue_many(specs=[JobSpec(kind="noop", input={"n": n}) for n in range(50)])
+    assert len(rings) == 1  # one ring for the batch
     assert len({r.job_id for r in results}) == 50
     assert [r.job_id for r in results] == sorted(r.job_id for r in results)
     assert Job.objects.filter(state="queued").count() == 50
@@ -89,10 +102,12 @@ def test_enqueue_many_batches_and_bounds_doorbell(redis_clean: None, settings) -
     assert pending_messages() == 3
 
 
-def test_rolled_back_enqueue_leaves_nothing(redis_clean: None) -> None:
-    with pytest.raises(RuntimeError), transaction.atomic():
-        enqueue(kind="noop", input={})
-        raise RuntimeError("caller's transaction fails")
+def test_rolled_back_enqueue_leaves_nothing(redis_clean: None, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    with django_capture_on_commit_callbacks(execute=True) as rings:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue(kind="noop", input={})
+            raise RuntimeError("caller's transaction fails")
+    assert rings == []  # the rollback took the doorbell with it
     assert Job.objects.count() == 0
     assert pending_messages() == 0
 

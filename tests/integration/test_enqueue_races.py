@@ -10,6 +10,7 @@ from tests.racers import race
 from workers.models import Job
 from workers.services.jobs import JobSpec, enqueue_many
 
+# transaction=True: concurrent enqueues from other processes must see each other's commits.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RACERS = 8

@@ -13,6 +13,7 @@ import time
 import pytest
 from django.db import close_old_connections, connection, connections, transaction
 
+from tests.conftest import wait_for
 from tests.integration.test_leases import expire_lease
 from workers.dbsession import apply_bounds, session_bounds
 from workers.errors import Rejection
@@ -21,6 +22,7 @@ from workers.services import leases
 from workers.services.jobs import enqueue
 from workers.services.maintenance import reap
 
+# transaction=True: two connections (threads) must see each other's committed rows and locks.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -70,7 +72,9 @@ def test_an_expired_lease_held_by_a_stalled_transaction_is_reaped_once_it_ends(r
     thread.start()
     try:
         assert holding.wait(10)
-        time.sleep(0.4)  # the lease is now past its expiry, but the row is still locked
+        # The lease runs out while its holder keeps the row locked: that needs the 300 ms of wall
+        # time set above, read off PostgreSQL's own clock (the reader is not blocked by the lock).
+        wait_for(lambda: expired(lease.job_id), timeout=10, what="the held lease to expire")
         started = time.monotonic()
         report = reap(grace_seconds=0)
         assert time.monotonic() - started < 1.0  # skipped, not waited for
@@ -81,6 +85,12 @@ def test_an_expired_lease_held_by_a_stalled_transaction_is_reaped_once_it_ends(r
     report = reap(grace_seconds=0)
     assert (report.orphaned, report.requeued) == (1, 1)
     assert Job.objects.get(pk=lease.job_id).state == "queued"
+
+
+def expired(job_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_expires_at < now() FROM workers_job WHERE id = %s", [job_id])
+        return bool(cursor.fetchone()[0])
 
 
 def test_bounded_sessions_carry_every_bound(redis_clean: None) -> None:

@@ -13,6 +13,8 @@ from workers.services import leases
 from workers.services.jobs import cancel_job, enqueue, requeue_job
 from workers.services.leases import Report
 
+# transaction=True: claims compare scheduled_at with PostgreSQL's now(), which stands still
+# inside one transaction, so a job enqueued in the test's transaction never falls due there.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -172,6 +174,7 @@ def test_release_gives_the_attempt_back(redis_clean: None) -> None:
     assert list(Attempt.objects.filter(job_id=job_id).values_list("number", "outcome")) == [(1, "interrupted"), (2, None)]
 
 
+@pytest.mark.django_db  # the constraints answer inside the test's transaction
 def test_database_refuses_states_outside_the_closed_set(redis_clean: None) -> None:
     job_id = enqueue(kind="noop", input={}).job_id
     with pytest.raises(IntegrityError), transaction.atomic():

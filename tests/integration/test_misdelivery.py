@@ -12,6 +12,8 @@ from workers.models import Attempt, Job, WorkerProcess
 from workers.services import leases
 from workers.services.jobs import enqueue
 
+# transaction=True: claims compare scheduled_at with PostgreSQL's now(), which stands still
+# inside one transaction, so a job enqueued in the test's transaction never falls due there.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -60,9 +62,13 @@ def test_misdelivered_counts_the_live_workers_that_can_and_cannot_serve_it(redis
     assert leases.misdelivered(job_id=job_id, served=["versioned@1"], live_seconds=30) is None
 
 
-def test_a_passed_on_doorbell_goes_to_the_head_of_the_queue_with_its_hop_count(redis_clean: None) -> None:
-    first = enqueue(kind="noop", input={"n": 1}).job_id
-    second = enqueue(kind="noop", input={"n": 2}).job_id
+@pytest.mark.django_db  # no claim: enqueue's doorbells are on_commit callbacks, run here by the capture
+def test_a_passed_on_doorbell_goes_to_the_head_of_the_queue_with_its_hop_count(
+    redis_clean: None, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    with django_capture_on_commit_callbacks(execute=True):
+        first = enqueue(kind="noop", input={"n": 1}).job_id
+        second = enqueue(kind="noop", input={"n": 2}).job_id
     assert doorbell.pass_on("default", 99, 2, hops=1)
     messages = doorbell.rq_queue("default").jobs
     assert [m.args for m in messages] == [(99, 2), (first, 1), (second, 1)]

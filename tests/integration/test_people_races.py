@@ -27,6 +27,8 @@ from workers.services import budgets, leases, pauses
 from workers.services.jobs import cancel_job, enqueue, requeue_job
 from workers.services.operations import resolve_operation
 
+# transaction=True: each thread has its own connection and must see the others' commits and locks
+# (and the parked states are reached through the in-process runtime: tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CLEAR = (SafetyError, JobStateError)  # the refusals a person may see

@@ -5,33 +5,21 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from datetime import datetime
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
+from tests.conftest import wait_for
+from tests.inprocess import drain, drain_until, run_until
 from workers import kinds
 from workers.models import Attempt, Job
 from workers.runtime import get_runtime
 from workers.services.jobs import cancel_job, enqueue
 
+# transaction=True: bodies run through the real runtime, whose claims need committed rows (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> int:
-    return get_runtime().drain(first_job_id=None, origin_queue="default")
-
-
-def drain_until_finished(job_id: int, timeout: float = 15) -> Job:
-    """Drain as the dispatcher's re-rings would, until the job reaches a terminal state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        drain()
-        job = Job.objects.get(pk=job_id)
-        if job.is_terminal:
-            return job
-        time.sleep(0.02)
-    raise AssertionError(f"job {job_id} did not finish within {timeout}s")
 
 
 def test_success_records_result_state_and_timing(redis_clean: None) -> None:
@@ -45,21 +33,31 @@ def test_success_records_result_state_and_timing(redis_clean: None) -> None:
     assert attempt.worker_id == get_runtime().name
 
 
-def test_retryable_backs_off_with_full_jitter_and_stops_at_max(redis_clean: None) -> None:
+def test_retryable_backs_off_with_full_jitter_and_stops_at_max(redis_clean: None, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.KOALA_DRAIN_BATCH = 1  # one attempt per pass: each retry's due time is read before the next claim
     kind = kinds.get("transient", 1)
     assert kind is not None
     job_id = enqueue(kind="transient", input={}).job_id
-    job = drain_until_finished(job_id)
+    due: dict[int, datetime] = {}  # attempt number -> the scheduled_at its retry was given
+
+    def finished() -> Job | None:
+        job = Job.objects.get(pk=job_id)
+        if job.state == "queued":
+            due[job.attempts + 1] = job.scheduled_at
+        return job if job.is_terminal else None
+
+    job = drain_until(finished, what=f"job {job_id} to finish")
     assert (job.state, job.failure_reason, job.attempts) == ("failed", "attempts_exhausted", kind.max_attempts)
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     assert [a.outcome for a in attempts] == ["retry"] * (kind.max_attempts - 1) + ["failed"]
+    assert sorted(due) == [a.number for a in attempts[1:]]
     for earlier, later in itertools.pairwise(attempts):
         assert earlier.finished_at is not None
-        waited = (later.started_at - earlier.finished_at).total_seconds()
+        # Never claimed before its backoff ran out (both times are PostgreSQL's clock)...
+        assert later.started_at >= due[later.number], (later.number, later.started_at, due[later.number])
+        # ...and re-drained promptly once due; the window itself is checked on scheduled_at below.
         ceiling = min(kind.backoff_cap, kind.backoff_base * 2 ** (earlier.number - 1))
-        # Claimed no earlier than its backoff allows; the upper bound is checked on scheduled_at below.
-        assert waited >= 0
-        assert waited <= ceiling + 0.5  # re-drained promptly once due
+        assert (later.started_at - earlier.finished_at).total_seconds() <= ceiling + 0.5
     assert "503" in job.error_message
 
 
@@ -122,7 +120,7 @@ def test_unknown_errors_are_fatal_and_secrets_never_stored(redis_clean: None) ->
 def test_attempt_time_limit_interrupts_an_uncooperative_body(redis_clean: None) -> None:
     job_id = enqueue(kind="slow_uncooperative", input={"seconds": 30}).job_id
     started = time.monotonic()
-    job = drain_until_finished(job_id)
+    job = run_until(job_id)
     assert time.monotonic() - started < 5
     assert (job.state, job.failure_reason, job.attempts) == ("failed", "attempts_exhausted", 2)
     assert list(Attempt.objects.filter(job_id=job_id).values_list("error_class", flat=True)) == ["AttemptTimeout"] * 2
@@ -134,7 +132,8 @@ def test_operator_cancel_reaches_the_body_at_the_next_heartbeat(redis_clean: Non
 
     def cancel_soon() -> None:
         try:
-            time.sleep(0.5)
+            # Once the body runs (the claim is committed), not after a guessed while.
+            wait_for(lambda: Job.objects.filter(pk=job_id, state="running").exists(), timeout=10, what="the body to start")
             cancel_job(job_id=job_id, actor="ops", reason="customer asked")
         finally:
             connection.close()

@@ -7,7 +7,6 @@ idempotent provider in tests.kinds, so effect counts are the provider's, not Koa
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from workers.services.budgets import BudgetExhausted
 from workers.services.jobs import enqueue, requeue_job
 from workers.services.operations import resolve_operation
 
+# transaction=True: bodies run through the real runtime, whose claims need committed rows (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -217,6 +217,7 @@ def test_budget_exhaustion_can_trip_a_pause_of_its_scope(tmp_path: Path, redis_c
     assert [(p.scope, p.target, p.source) for p in live] == [("queue", "default", "budget")]
 
 
+@pytest.mark.django_db  # services only: nothing is claimed, nothing needs committing
 def test_model_usage_is_priced_from_the_price_table() -> None:
     budgets.set_model_price(model="m-small", input_minor_per_mtok=300, output_minor_per_mtok=1500, actor="ops")
     assert budgets.price_usage({"model": "m-small", "input_tokens": 1_000_000, "output_tokens": 2_000_000}) == 3300
@@ -241,9 +242,10 @@ def test_paused_scopes_are_not_claimed_and_resume_runs_them(tmp_path: Path, redi
 
 def test_an_expired_pause_no_longer_holds_work(tmp_path: Path, redis_clean: None) -> None:
     job_id = enqueue(kind="tests.steady", input={"log": str(tmp_path / "s.log"), "seconds": 0}).job_id
-    row = pauses.pause(scope="global", reason="short", actor="ops", expires_at=timezone.now() + timedelta(seconds=1))
+    row = pauses.pause(scope="global", reason="short", actor="ops", expires_at=timezone.now() + timedelta(minutes=5))
     assert drain() == 0
-    time.sleep(1.1)
+    # Five minutes later, without waiting them out: the expiry is now behind PostgreSQL's clock.
+    Pause.objects.filter(pk=row.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     assert drain() == 1 and Job.objects.get(pk=job_id).state == "succeeded"
     assert pauses.lift_expired() == 1
     row.refresh_from_db()
@@ -360,6 +362,7 @@ def test_fail_parked_changes_only_a_job_still_parked_for_that_reason(tmp_path: P
 # -- bad input -------------------------------------------------------------------------------------
 
 
+@pytest.mark.django_db  # services only: nothing is claimed, nothing needs committing
 def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
     with pytest.raises(SafetyError, match="unknown scope 'planet'"):
         budgets.create_budget(name="x", scope="planet", actor="ops")
@@ -385,6 +388,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
     assert not AuditEvent.objects.exists()
 
 
+@pytest.mark.django_db  # services only: nothing is claimed, nothing needs committing
 def test_pausing_a_paused_scope_is_refused() -> None:
     pauses.pause(scope="queue", target="default", reason="deploy", actor="ops")
     with pytest.raises(SafetyError, match="already paused"):
@@ -442,6 +446,7 @@ def test_cancelling_a_job_waiting_for_review_withdraws_the_review(tmp_path: Path
     assert effects(tmp_path) == []
 
 
+@pytest.mark.django_db  # services only: nothing is claimed, nothing needs committing
 def test_kinds_can_refuse_an_operator_retry_with_advice(redis_clean: None) -> None:
     from exports.services import EXPORT_KIND
     from workers.errors import JobStateError

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 from tests import django_tasks
+from tests.inprocess import drain_until
 from workers.models import Job
 from workers.runtime import get_runtime
 
+# transaction=True: the tasks run through the real runtime, whose claims need committed rows (tests/inprocess.py).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run_until_finished(result, queue: str = "default", timeout: float = 10):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        get_runtime().drain(first_job_id=None, origin_queue=queue)
+def run_until_finished(result, queue: str = "default"):  # type: ignore[no-untyped-def]
+    def finished() -> bool:
         result.refresh()
-        if result.is_finished:
-            return result
-        time.sleep(0.05)
-    raise AssertionError("task did not finish")
+        return bool(result.is_finished)
+
+    drain_until(finished, queue=queue, timeout=10, what=f"task {result.id} to finish")
+    return result
 
 
 def test_task_enqueues_a_koala_job_and_returns_its_value(redis_clean: None) -> None:
@@ -54,6 +52,7 @@ def test_retryable_task_gets_context_and_a_second_attempt(redis_clean: None) -> 
     assert result.return_value == {"attempt": 2, "marker": "m"}
 
 
+@pytest.mark.django_db  # reads one missing row: no runtime, nothing to commit
 def test_unknown_result_id() -> None:
     with pytest.raises(TaskResultDoesNotExist):
         django_tasks.add.get_backend().get_result("999999")

@@ -1,25 +1,63 @@
-"""The unit tier runs without a database: pure code only (the outcome decision, kinds, redaction…).
+"""The unit tier: pure code, no services. ``pytest tests/unit`` runs with PostgreSQL and Redis down.
 
-pytest-django already refuses database access to a test without the ``django_db`` mark; this
-refuses the mark itself (and the fixtures that ask for a database) here, so nothing in this tier
-can make ``pytest tests/unit`` create or need the test database. Any well-formed DATABASE_URL
-will do (``make unit`` passes a placeholder when it is unset): nothing connects.
+Three guards, loud on purpose (a unit test that quietly needs a database is an integration
+test in the wrong folder, and one that swallowed the refusal would pass for the wrong reason):
+
+- collection stops if a test here carries ``django_db``;
+- any attempt to connect to the database fails the test, even if the code under test caught
+  the error (pytest-django already refuses unmarked tests; this also sees a swallowed refusal);
+- any socket connection (Redis, HTTP, PostgreSQL over TCP or a unix socket) fails the test the same way.
 """
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db.backends.base.base import BaseDatabaseWrapper
 
-HERE = Path(__file__).resolve().parent
-DATABASE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+UNIT = Path(__file__).resolve().parent
+
+
+def _in_unit_tier(item: pytest.Item) -> bool:
+    return UNIT in Path(str(item.path)).resolve().parents
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE not in Path(str(item.path)).resolve().parents:
-            continue
-        wants = DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("django_db") is not None or wants:
-            raise pytest.UsageError(f"{item.nodeid}: tests/unit runs without a database; move it to tests/integration")
+    marked = [item.nodeid for item in items if _in_unit_tier(item) and item.get_closest_marker("django_db")]
+    if marked:
+        raise pytest.UsageError(
+            "unit tests never use the database; move these to tests/integration or drop django_db: " + ", ".join(marked)
+        )
+
+
+class ServiceTouched(AssertionError):
+    """A unit test reached for the database or the network."""
+
+
+@pytest.fixture(autouse=True)
+def _no_services(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if not _in_unit_tier(request.node):
+        yield
+        return
+    touched: list[str] = []
+
+    def refuse(what: str) -> ServiceTouched:
+        touched.append(what)
+        return ServiceTouched(f"unit tests use no services, but this one reached for {what}")
+
+    def no_database(self: BaseDatabaseWrapper, *args: Any, **kwargs: Any) -> None:
+        raise refuse(f"the database ({self.alias})")
+
+    def no_network(self: socket.socket, address: Any) -> None:
+        raise refuse(f"a socket ({address!r})")  # TCP or a unix socket (the embedded PostgreSQL and Redis)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "ensure_connection", no_database)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket.socket, "connect_ex", lambda self, address: no_network(self, address))
+    yield
+    if touched:
+        pytest.fail("unit tests use no services, but this one reached for " + "; ".join(touched), pytrace=False)
