@@ -141,6 +141,7 @@ def test_download_is_offered_only_to_people_the_export_services_let_download(
         assert download_url(failed) not in client.get(PAGE).content.decode()
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 def test_the_admin_export_page_offers_download_only_to_people_the_download_view_allows(
     succeeded: Export, people: People, clients: dict[str, Client], role_users: dict[str, User]
 ) -> None:

@@ -89,6 +89,7 @@ def test_member_and_superuser_download_the_published_object(
     assert (audit.actor, audit.target_id) == (who, str(done.pk))
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 @pytest.mark.parametrize("who", ["alice", "root"])
 def test_a_published_export_whose_object_is_gone_answers_410(
     people: People, export_root: Path, redis_clean: None, who: str
