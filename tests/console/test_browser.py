@@ -279,9 +279,9 @@ def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provide
     assert throughput.get_attribute("data-total") == "12"
     retried = olga.page.locator("[data-chart='errors-per-hour'] [data-series='retried-or-orphaned-attempts']")
     assert retried.get_attribute("data-total") == str(Attempt.objects.filter(outcome="retry").count()) == "2"
-    cost = olga.page.locator("[data-chart='cost-per-hour-minor-units'] [data-series='cost']")
+    cost = olga.page.locator("[data-chart='cost-per-hour-eur'] [data-series='cost']")  # in EUR, as the budgets are
     settled = sum(Operation.objects.filter(cost_minor__isnull=False).values_list("cost_minor", flat=True))
-    assert float(cost.get_attribute("data-total")) == settled >= 4500
+    assert float(cost.get_attribute("data-total")) == pytest.approx(settled / 100) and settled >= 4500
     usage = BudgetUsage.objects.get(budget=budget)
     spend = olga.page.locator("#budgets .usage-row[data-what='spend']")
     assert int(spend.get_attribute("data-used")) == usage.spent_minor + usage.reserved_minor == settled
