@@ -63,6 +63,16 @@ def can_access_account(*, user: Person, account: Account) -> bool:
     return account.members.filter(pk=user.pk).exists()
 
 
+def exportable_accounts(*, user: Person) -> list[Account]:
+    """The accounts ``user`` may request exports of (``can_access_account``): every one for a
+    superuser, their own for a member, none for anyone else."""
+    if not user.is_authenticated or not user.is_active:
+        return []
+    if getattr(user, "is_superuser", False):
+        return list(Account.objects.order_by("slug"))
+    return list(Account.objects.filter(members=user).order_by("slug"))
+
+
 def grant_account_access(*, account_id: int, username: str, actor: str) -> Account:
     """Make a user a member of an account (may request and download its exports)."""
     account = Account.objects.filter(pk=account_id).first()
