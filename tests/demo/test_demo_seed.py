@@ -22,7 +22,7 @@ from tests.inprocess import run_until
 from workers.models import Job, Operation
 from workers.services.operations import needing_attention, resolve_operation
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # koala_demo subprocesses, ~7 s each
 
 ROLES = {
     "admin": ["superuser"],
