@@ -459,9 +459,10 @@ def worker_health(
 
 
 def _held_back(queue: str, pause: Pause, due: dict[str, int] | None) -> str:
-    what = "everything" if pause.scope == Scope.GLOBAL else f"queue {queue}"
-    count = f"{due[queue]:,}" if due and queue in due else "work"
-    return f"{what} paused ({pause.mode}), {count} due waiting in {queue}"
+    count = f"{due[queue]:,} due" if due and queue in due else "due work"
+    if pause.scope == Scope.GLOBAL:
+        return f"everything paused ({pause.mode}): {count} waiting in {queue}"
+    return f"queue {queue} paused ({pause.mode}): {count} waiting"
 
 
 def _local_day(budget: Budget, now: dt.datetime) -> dt.date:

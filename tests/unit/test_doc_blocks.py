@@ -1,11 +1,13 @@
 """The documents' command blocks are either run by tests/demo/test_doc_commands.py or marked,
-with a reason, as not run; and the block reader reads them as a person would."""
+with a reason, as not run; the block reader reads them as a person would; the README's
+screenshots are the browser tests'."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from tests.demo.doc_commands import MARKER, all_blocks, blocks, steps
+from tests.demo.doc_commands import MARKER, REPO, all_blocks, blocks, steps
 
 # The blocks not run against the demo, each with its reason in the document. Keep it short.
 NOT_RUN_AT_MOST = 3
@@ -53,3 +55,12 @@ def test_a_transcript_is_read_as_commands_and_what_they_answer(tmp_path: Path) -
     assert (echo.command, echo.output) == ("echo $?", ["2"])
     assert prose.has_commands and not prose.runs and prose.skip_reason is None
     assert marked.skip_reason == "starts a server" and not marked.runs
+
+
+def test_the_readmes_screenshots_exist_and_are_taken_by_the_browser_tests() -> None:
+    readme = (REPO / "README.md").read_text()
+    shown = re.findall(r"!\[[^\]]*\]\(docs/screenshots/([\w-]+)\.png\)", readme)
+    assert shown, "the README shows screenshots"
+    assert sorted(shown) == sorted(p.stem for p in (REPO / "docs" / "screenshots").glob("*.png"))
+    taken = set(re.findall(r'\.shot\("([\w-]+)"\)', (REPO / "tests" / "console" / "test_browser.py").read_text()))
+    assert set(shown) <= taken, set(shown) - taken
