@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
+from zoneinfo import ZoneInfo
 
 WIDTH, HEIGHT = 720, 190
 LEFT, RIGHT, TOP, BOTTOM = 48, 8, 10, 26
@@ -44,6 +45,15 @@ class BarChart:
     plot_left: int
     plot_right: int
     plot_bottom: int
+    zone: str = "UTC"  # the time zone of the hour labels
+    whole: bool = False  # counts (their unit goes without saying) rather than amounts of ``unit``
+
+    @property
+    def caption(self) -> str:
+        """The title with the time zone: "Cost per hour (EUR, Europe/Paris)"."""
+        if self.title.endswith(")"):
+            return f"{self.title[:-1]}, {self.zone})"
+        return f"{self.title} ({self.zone})"
 
     @property
     def empty(self) -> bool:
@@ -65,8 +75,25 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
-def bar_chart(*, title: str, series: list[tuple[str, list[tuple[dt.datetime, float]]]], unit: str) -> BarChart:
-    """Grouped bars, one group per bucket (the buckets of every series must match)."""
+def _hour(when: dt.datetime, zone: ZoneInfo) -> str:
+    local = when.astimezone(zone)
+    return f"{local:%H:%M}" if local.minute else f"{local:%H:00}"
+
+
+def bar_chart(
+    *,
+    title: str,
+    series: list[tuple[str, list[tuple[dt.datetime, float]]]],
+    unit: str,
+    whole: bool = False,
+    zone: ZoneInfo | None = None,
+) -> BarChart:
+    """Grouped bars, one group per bucket (the buckets of every series must match).
+
+    ``whole``: the values are counts, so gridlines fall on whole numbers only (a "0.50" line on a
+    chart of failed jobs reads as half a job). ``zone``: the time zone the hours are labelled in.
+    """
+    zone = zone or ZoneInfo("UTC")
     buckets = [when for when, _ in series[0][1]] if series else []
     top = nice_ceiling(max([value for _, points in series for _, value in points] or [0]))
     plot_width = WIDTH - LEFT - RIGHT
@@ -84,16 +111,20 @@ def bar_chart(*, title: str, series: list[tuple[str, list[tuple[dt.datetime, flo
                     width=round(bar_width, 2),
                     height=round(height, 2),
                     series=index,
-                    label=f"{when:%H:00} {name}: {_fmt(value)}",
+                    label=f"{_hour(when, zone)} {name}: {_fmt(value)}",
                     value=value,
                 )
             )
     x_ticks = [
-        Tick(position=round(LEFT + slot * group + group / 2, 2), label=f"{when:%H:00}")
+        Tick(position=round(LEFT + slot * group + group / 2, 2), label=_hour(when, zone))
         for slot, when in enumerate(buckets)
         if slot % 3 == 0
     ]
-    y_ticks = [Tick(position=round(TOP + plot_height * (1 - f), 2), label=_fmt(top * f)) for f in (0, 0.5, 1)]
+    y_ticks = [
+        Tick(position=round(TOP + plot_height * (1 - f), 2), label=_fmt(top * f))
+        for f in (0, 0.5, 1)
+        if not whole or (top * f).is_integer()
+    ]
     legend = [(index, name, sum(v for _, v in points)) for index, (name, points) in enumerate(series)]
     return BarChart(
         title=title,
@@ -107,4 +138,6 @@ def bar_chart(*, title: str, series: list[tuple[str, list[tuple[dt.datetime, flo
         plot_left=LEFT,
         plot_right=WIDTH - RIGHT,
         plot_bottom=TOP + plot_height,
+        zone=str(zone),
+        whole=whole,
     )

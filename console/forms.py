@@ -65,6 +65,16 @@ class ExportCancelForm(forms.Form):
     reason = forms.CharField(required=False, max_length=500)
 
 
+class ExportRequestForm(forms.Form):
+    """An export request's shape. Who may export the account, the range's limits and the caps on
+    rows are exports.services.request_export's to decide (the command line's rules too)."""
+
+    account = forms.IntegerField(min_value=1, max_value=2**63 - 1)
+    date_from = forms.DateField(label="from", input_formats=["%Y-%m-%d"])
+    date_to = forms.DateField(label="to (inclusive)", input_formats=["%Y-%m-%d"])
+    max_rows = forms.IntegerField(required=False, max_value=2**63 - 1, label="at most rows")
+
+
 class BulkActionForm(JobActionForm):
     # Either the ticked rows or every job the (repeated) filter matches.
     scope = forms.ChoiceField(choices=[("selected", "selected"), ("all", "all matching")], initial="selected")

@@ -14,6 +14,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/act/", jobs.job_act, name="job_act"),
     path("failures/", jobs.failures, name="failures"),
     path("exports/", exports.export_list, name="exports"),
+    path("exports/new/", exports.export_request, name="export_request"),
     path("exports/<int:export_id>/cancel/", exports.export_cancel, name="export_cancel"),
     path("pauses/", pauses.pause_list, name="pauses"),
     path("pauses/new/", pauses.pause_create, name="pause_create"),

@@ -129,3 +129,13 @@ def describe_export(*, export: Export) -> dict[str, Any]:
         "created_at": export.created_at.isoformat() if export.created_at else None,
         "finished_at": export.finished_at.isoformat() if export.finished_at else None,
     }
+
+
+def exportable_accounts(*, user: Person) -> list[Account]:
+    """The accounts ``user`` may request exports of (``can_access_account``): every one for a
+    superuser, their own for a member, none for anyone else."""
+    if not user.is_authenticated or not user.is_active:
+        return []
+    if getattr(user, "is_superuser", False):
+        return list(Account.objects.order_by("slug"))
+    return list(Account.objects.filter(members=user).order_by("slug"))

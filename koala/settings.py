@@ -124,6 +124,11 @@ try:
     # once the last send is older than this; set it from the provider's documentation, generously.
     KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
     KOALA_MODELS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_MODELS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
+    # The currency of every cost: operations' cost_minor, the model price table and budgets' spend
+    # are minor units (cents) of it. Koala converts nothing; pages and commands name it.
+    KOALA_COST_CURRENCY = env.string("KOALA_COST_CURRENCY", "EUR").strip().upper()
+    if not re.fullmatch(r"[A-Z]{3}", KOALA_COST_CURRENCY):
+        raise ConfigError(f"KOALA_COST_CURRENCY must be a 3-letter currency code, not {KOALA_COST_CURRENCY!r}.")
     # How long past that window the ledger keeps re-checking an open outcome (releasing the job
     # without using an attempt) before it parks the job needs_attention for a person.
     KOALA_RECONCILE_MAX_WAIT_SECONDS = env.number("KOALA_RECONCILE_MAX_WAIT_SECONDS", 900.0, minimum=0.0)
@@ -172,7 +177,7 @@ INSTALLED_APPS = [
     # Before staticfiles, so runserver serves static files through WhiteNoise too (one code path).
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
-    "django_rq",
+    "workers.rq_app.DjangoRQConfig",  # django-rq, with a readable name in the admin
     # The floor plan (docs/architecture.md): the engine, the apps that plug into it, the staff
     # pages, the local tooling. Order matters only for workers.hooks: beat tasks run in it.
     "koala",
@@ -236,6 +241,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # WhiteNoise serves straight from the finders (static/ and the apps), so the admin looks right
 # without a collectstatic step; after `collectstatic` it serves STATIC_ROOT as well.
 WHITENOISE_USE_FINDERS = True
+# Files served at the site's root: /favicon.ico, which browsers and other clients ask for on their
+# own (a 404 warning per page view otherwise). Pages link it too (templates/admin/base_site.html).
+WHITENOISE_ROOT = BASE_DIR / "public"
 # WhiteNoise warns about a missing STATIC_ROOT on every start; before the first collectstatic
 # an empty one is correct (the finders serve everything), so make it.
 try:

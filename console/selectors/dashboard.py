@@ -31,6 +31,7 @@ from workers.models import (
     Budget,
     BudgetUsage,
     Operation,
+    Pause,
     Scope,
     WorkerExit,
     WorkerProcess,
@@ -64,6 +65,7 @@ class QueueStats:
     run_n: int = 0
     capped: set[str] = field(default_factory=set)  # counts that stopped at COUNT_CAP ("10,000+")
     now: dt.datetime = field(default_factory=timezone.now)
+    paused: Pause | None = None  # the live pause holding this queue back (its own, or a global one)
 
     @property
     def oldest_due_age(self) -> float | None:
@@ -118,6 +120,7 @@ class Dashboard:
     uncertain_operations: int
     pending_reviews: int
     overshoots: list[Operation] = field(default_factory=list)
+    zone: str = "UTC"  # the charts' time zone (chart_zone)
 
     @property
     def sample_label(self) -> str:
@@ -297,7 +300,19 @@ def oldest_due(*, now: dt.datetime) -> dict[str, dt.datetime]:
         return dict(cursor.fetchall())
 
 
-def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
+def queue_pauses(pauses: Iterable[Pause], queues: Iterable[str]) -> dict[str, Pause]:
+    """The live pause holding each queue back: a global one, else the queue's own (kind pauses
+    hold some jobs of a queue, not the queue)."""
+    pauses = list(pauses)
+    everything = next((p for p in pauses if p.scope == Scope.GLOBAL), None)
+    own = {p.target: p for p in pauses if p.scope == Scope.QUEUE}
+    held = {queue: everything or own.get(queue) for queue in queues}
+    return {queue: pause for queue, pause in held.items() if pause is not None}
+
+
+def worker_health(
+    *, now: dt.datetime, due: dict[str, int] | None = None, pauses: list[Pause] | None = None
+) -> list[WorkerHealth]:
     """Tell a crash loop from a stuck worker (R3): a live process can be stuck.
 
     - crash_looping: KOALA_CRASH_LOOP_STARTS or more abnormal exits of one host and queue set
@@ -309,7 +324,9 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
     - crashed: left its loop on an unhandled error (once; a loop of them is crash_looping);
     - stuck: alive, yet for KOALA_STUCK_AFTER_SECONDS it has held one attempt, or it had due
       work in its (unpaused) queues and neither started nor finished anything;
-    - idle: alive with nothing due; healthy: alive and working; stopped: stopped cleanly.
+    - idle: alive with nothing due, or with due work only in paused queues (it says which, and
+      how much waits there: ``due``, due jobs per queue, when the caller has counted them);
+      healthy: alive and working; stopped: stopped cleanly.
     """
     alive_within = dt.timedelta(seconds=WorkerProcess.silent_after_seconds())
     stuck_after = dt.timedelta(seconds=float(settings.KOALA_STUCK_AFTER_SECONDS))
@@ -386,12 +403,11 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
         .only("id", "name", "kind", "state", "settled_at", "job_id", "attempt__worker_id")
     }
     # Queues whose oldest due job has waited longer than stuck_after (one probe per queue).
-    due_queues = {queue for queue, due_at in oldest_due(now=now).items() if due_at <= now - stuck_after}
+    waiting = oldest_due(now=now)
+    due_queues = {queue for queue, due_at in waiting.items() if due_at <= now - stuck_after}
     # Work held back by a pause is not a stuck worker's fault.
-    pauses = active_pauses()
-    if any(p.scope == Scope.GLOBAL for p in pauses):
-        due_queues = set()
-    due_queues -= {p.target for p in pauses if p.scope == Scope.QUEUE}
+    held = queue_pauses(active_pauses() if pauses is None else pauses, waiting)
+    due_queues -= set(held)
 
     result = []
     for process in processes:
@@ -420,6 +436,9 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
             )
         elif started_live is not None:
             status, why = "healthy", "running a job"
+        elif paused_here := [q for q in process.queues if q in held]:
+            # Due work waits, but a pause holds it: idle by order, not for want of work.
+            status, why = "idle", "; ".join(_held_back(queue, held[queue], due) for queue in paused_here)
         else:
             status, why = "idle", "alive, nothing due"
         result.append(
@@ -437,6 +456,13 @@ def worker_health(*, now: dt.datetime) -> list[WorkerHealth]:
             )
         )
     return result
+
+
+def _held_back(queue: str, pause: Pause, due: dict[str, int] | None) -> str:
+    count = f"{due[queue]:,} due" if due and queue in due else "due work"
+    if pause.scope == Scope.GLOBAL:
+        return f"everything paused ({pause.mode}): {count} waiting in {queue}"
+    return f"queue {queue} paused ({pause.mode}): {count} waiting"
 
 
 def _local_day(budget: Budget, now: dt.datetime) -> dt.date:
@@ -492,8 +518,23 @@ def _hourly(rows: Iterable[tuple[dt.datetime, Any]], *, now: dt.datetime) -> lis
     return sorted(buckets.items())
 
 
-def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[BarChart, BarChart, BarChart]:
-    """Throughput, errors and cost per hour over the last 24 hours (server-side SVG)."""
+def chart_zone(budgets: Iterable[Budget]) -> ZoneInfo:
+    """The charts' time zone: the budgets' own when they all share one (so an hour on a chart and
+    a budget's day are on the same clock), else UTC. The charts name the zone they use."""
+    zones = {budget.timezone for budget in budgets}
+    if len(zones) == 1:
+        try:
+            return ZoneInfo(zones.pop())
+        except (KeyError, ValueError):
+            pass
+    return ZoneInfo("UTC")
+
+
+def charts(
+    *, now: dt.datetime, finished: FinishedRows | None = None, zone: ZoneInfo | None = None
+) -> tuple[BarChart, BarChart, BarChart]:
+    """Throughput, errors and cost per hour over the last 24 hours (server-side SVG), the hours
+    labelled in ``zone`` (UTC by default), the cost in KOALA_COST_CURRENCY (major units)."""
     since = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=23)
     # The jobs' window starts at now - 24 h, a little before since: _hourly drops that hour.
     jobs = [
@@ -521,6 +562,8 @@ def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[B
         title="Completed jobs per hour",
         series=[("succeeded", _hourly(((h, s) for h, s, _ in jobs), now=now))],
         unit="jobs",
+        whole=True,
+        zone=zone,
     )
     errors = bar_chart(
         title="Errors per hour",
@@ -529,8 +572,17 @@ def charts(*, now: dt.datetime, finished: FinishedRows | None = None) -> tuple[B
             ("retried or orphaned attempts", _hourly(retries, now=now)),
         ],
         unit="errors",
+        whole=True,
+        zone=zone,
     )
-    spend = bar_chart(title="Cost per hour (minor units)", series=[("cost", _hourly(cost, now=now))], unit="minor units")
+    # Costs are minor units of KOALA_COST_CURRENCY; the chart shows major units, as budgets do.
+    currency = settings.KOALA_COST_CURRENCY
+    spend = bar_chart(
+        title=f"Cost per hour ({currency})",
+        series=[("cost", [(hour, value / 100) for hour, value in _hourly(cost, now=now)])],
+        unit=currency,
+        zone=zone,
+    )
     return throughput, errors, spend
 
 
@@ -548,16 +600,24 @@ def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
 
 def _build(now: dt.datetime) -> Dashboard:
     finished = finished_jobs(now=now)
-    throughput, errors, cost = charts(now=now, finished=finished)
+    budgets = budget_bars(now=now)
+    zone = chart_zone(bar.budget for bar in budgets)
+    throughput, errors, cost = charts(now=now, finished=finished, zone=zone)
+    queues = queue_stats(now=now, finished=finished)
+    pauses = active_pauses()
+    held = queue_pauses(pauses, (q.queue for q in queues))
+    for stats in queues:
+        stats.paused = held.get(stats.queue)
     return Dashboard(
         now=now,
-        queues=queue_stats(now=now, finished=finished),
-        workers=worker_health(now=now),
-        budgets=budget_bars(now=now),
+        queues=queues,
+        workers=worker_health(now=now, due={q.queue: q.due for q in queues}, pauses=pauses),
+        budgets=budgets,
         throughput=throughput,
         errors=errors,
         cost=cost,
         uncertain_operations=needing_attention().count(),
         pending_reviews=ReviewRequest.objects.filter(state=ReviewState.PENDING).count(),
         overshoots=overshoots(now=now),
+        zone=str(zone),
     )

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django import template
+from django.conf import settings
 from django.http import HttpRequest
 
 from koala.redaction import redact_text
@@ -52,6 +53,12 @@ def minor(amount: int | None, currency: str = "") -> str:
 
 
 @register.filter
+def cost(amount: int | None) -> str:
+    """A cost in minor units of KOALA_COST_CURRENCY (operations, prices, spend): 1234 -> "12.34 EUR"."""
+    return minor(amount, settings.KOALA_COST_CURRENCY)
+
+
+@register.filter
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
 
@@ -75,6 +82,33 @@ def redacted(value: object) -> str:
 def pretty_json(value: Any) -> str:
     """Indented JSON for <pre> blocks (autoescaped by the template like any other string)."""
     return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+# Outcomes of an attempt that may have given its attempt back (parked, released on shutdown or
+# for an unserved kind); an operator's requeue also ends a run "interrupted" but uses it.
+GIVE_BACK = ("parked", "unservable", "interrupted")
+
+
+@register.filter
+def attempts_summary(record: Any) -> str:
+    """ "2 of 5 used", and the runs listed that did not use one: "0 of 5 used · 1 more run gave
+    its attempt back (parked)". Every run is a row in Attempts; only some count against the limit."""
+    job = record.job
+    line = f"{job.attempts} of {job.max_attempts} used"
+    back = len(record.attempts) - job.attempts
+    if back > 0:
+        outcomes = [row.attempt.outcome for row in record.attempts]
+        why = [o for o in GIVE_BACK if o in outcomes and (o != "interrupted" or back > sum(x in GIVE_BACK[:2] for x in outcomes))]
+        runs = "1 more run gave its attempt back" if back == 1 else f"{back} more runs gave their attempts back"
+        line += f" · {runs}" + (f" ({', '.join(why)})" if why else "")
+    return line
+
+
+@register.filter
+def shown_error_class(job: Any) -> str:
+    """A job's error class, except on a succeeded job: the engine keeps the last retry's error on
+    the job row, but a job that succeeded has no error (its attempts keep theirs)."""
+    return "" if job.state == "succeeded" else str(job.error_class or "")
 
 
 @register.filter

@@ -36,6 +36,7 @@ that many requests, otherwise it lasts until ``{"reset": true}``)::
     {"fault": "429", "retry_after": 2}              rate limited, with a Retry-After header
     {"fault": "decline", "status": 402, "code": "card_declined", "message": "..."}  a business refusal
     {"fault": "lookup_disabled"}                    lookups answer 501: nothing can be reconciled
+                                                    (with "times": that many lookups)
     {"fault": "slow", "seconds": S}                 hold each request S seconds before processing it
     {"fault": "processing", "seconds": S, "lookup": "miss"|"processing"}
                                                     accept the request, commit its effect S seconds later
@@ -215,8 +216,8 @@ class ProviderState:
         return None
 
     def lookup_disabled(self, resource: str) -> bool:
-        with self.lock:
-            return any(f.applies("lookup_disabled", resource) for f in self.faults)
+        """Whether this lookup answers 501 (a "times" fault counts the lookups it answers)."""
+        return self.take_fault("lookup_disabled", resource) is not None
 
     def control(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("reset"):

@@ -5,6 +5,7 @@ own record; each test saves screenshots (KOALA_SCREENSHOT_DIR, .koala-data/scree
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +16,15 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from devtools.sandbox.provider import FakeProvider
+from exports.models import Account, Export, ExportState
+from exports.services import grant_account_access
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
 from tests.acceptance.support import ring_for, wait_quiet, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
-from tests.console.conftest import PASSWORD, effects_env
+from tests.console.conftest import PASSWORD, effects_env, make_user
 from tests.console.scenarios import BEARER, CARD
+from tests.exports.conftest import drain_exports, load_events
 from tests.inprocess import beat_tick
 from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
 from workers.services.budgets import create_budget, set_model_price
@@ -260,7 +264,9 @@ def test_uncertain_charge_resolved_as_happened_completes_without_a_second_charge
 
 # The dashboard's other numbers ------------------------------------------------------------------------
 def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provider: FakeProvider, people: Any) -> None:
-    budget = create_budget(name="daily-spend", scope="global", spend_limit_minor=20_000, request_limit=40, actor="setup")
+    budget = create_budget(
+        name="daily-spend", scope="global", timezone="Europe/Paris", spend_limit_minor=20_000, request_limit=40, actor="setup"
+    )
     set_model_price(model="m-small", input_minor_per_mtok=150_000, output_minor_per_mtok=600_000, actor="setup")
     jobs = [enqueue(kind="noop", input={}).job_id for _ in range(6)]
     jobs += [enqueue(kind="boom", input={"card": CARD, "bearer": BEARER}).job_id for _ in range(2)]
@@ -284,13 +290,14 @@ def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provide
     assert throughput.get_attribute("data-total") == "12"
     retried = olga.page.locator("[data-chart='errors-per-hour'] [data-series='retried-or-orphaned-attempts']")
     assert retried.get_attribute("data-total") == str(Attempt.objects.filter(outcome="retry").count()) == "2"
-    cost = olga.page.locator("[data-chart='cost-per-hour-minor-units'] [data-series='cost']")
+    cost = olga.page.locator("[data-chart='cost-per-hour-eur'] [data-series='cost']")  # in EUR, as the budgets are
     settled = sum(Operation.objects.filter(cost_minor__isnull=False).values_list("cost_minor", flat=True))
-    assert float(cost.get_attribute("data-total")) == settled >= 4500
+    assert float(cost.get_attribute("data-total")) == pytest.approx(settled / 100) and settled >= 4500
     usage = BudgetUsage.objects.get(budget=budget)
     spend = olga.page.locator("#budgets .usage-row[data-what='spend']")
     assert int(spend.get_attribute("data-used")) == usage.spent_minor + usage.reserved_minor == settled
     assert olga.page.locator("#workers tr[data-status='idle'], #workers tr[data-status='healthy']").count() == 1
+    assert "Completed jobs per hour (Europe/Paris)" in olga.page.inner_text("[data-chart='completed-jobs-per-hour']")
     olga.shot("dashboard")
     olga.go("/admin/console/budgets/")
     assert olga.page.locator(f"#budget-list tr[data-budget='{budget.pk}'] .usage-row[data-what='spend']").get_attribute(
@@ -300,3 +307,46 @@ def test_dashboard_activity_numbers_match_the_database(fleet: Processes, provide
     olga.go("/admin/console/jobs/?queue=default")
     assert olga.page.locator("#job-list tr[data-job]").count() == 14
     olga.shot("jobs")
+
+
+# The Exports page: a member requests an export, then downloads it --------------------------------
+def test_a_member_requests_an_export_in_the_browser_and_downloads_it(
+    people: Any, role_users: dict[str, User], export_root: Path, redis_clean: None
+) -> None:
+    acme, globex = (Account.objects.create(slug=slug, name=slug.title()) for slug in ("acme", "globex"))
+    alice = make_user("alice", "auditors")  # reads the console; a member of acme, not of globex
+    grant_account_access(account_id=acme.pk, username="alice", actor="setup")
+    load_events(acme, rows=2_000)
+    assert globex.pk
+
+    ana = people(alice)
+    ana.go("/admin/console/exports/")
+    form = ana.page.locator("#export-request-form")
+    assert form.locator("select[name=account] option").all_inner_texts() == ["acme"]  # only what she may export
+    # A reversed range is refused with the service's reason, and nothing is created.
+    form.locator("input[name=date_from]").fill("2026-03-01")
+    form.locator("input[name=date_to]").fill("2026-01-31")
+    form.locator("button[type=submit]").click()
+    assert "before it starts" in ana.page.inner_text("#export-request-error")
+    assert not Export.objects.exists()
+
+    form = ana.page.locator("#export-request-form")
+    form.locator("input[name=date_from]").fill("2026-01-01")
+    form.locator("input[name=date_to]").fill("2026-03-31")
+    form.locator("button[type=submit]").click()
+    ana.page.wait_for_url("**/admin/console/exports/")
+    export = Export.objects.get()
+    assert f"Export {export.pk} of acme requested" in ana.page.inner_text(".messagelist")
+    assert ana.page.locator(f"#export-list tr[data-export='{export.pk}']").get_attribute("data-state") == "queued"
+    assert AuditEvent.objects.filter(action="export.request", actor="alice", target_id=str(export.pk)).exists()
+
+    done = drain_exports(export.pk)  # the exports queue's worker, in this process
+    assert done.state == ExportState.SUCCEEDED
+    ana.go("/admin/console/exports/")
+    row = ana.page.locator(f"#export-list tr[data-export='{export.pk}']")
+    assert row.get_attribute("data-state") == "succeeded"
+    ana.shot("exports")
+    with ana.page.expect_download() as download:
+        row.locator("a.download").click()
+    path = download.value.path()
+    assert path is not None and hashlib.sha256(Path(path).read_bytes()).hexdigest() == done.checksum

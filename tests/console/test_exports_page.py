@@ -245,3 +245,89 @@ def test_export_jobs_are_not_offered_retry_and_the_server_refuses_it(
     assert not Job.objects.filter(retry_of_id=export_job).exists()
     assert not AuditEvent.objects.filter(action="retry", target_id=str(export_job)).exists()
     assert Export.objects.count() == 1, "refusing a retry requests no export either"
+
+
+# -- requesting an export in the browser ---------------------------------------------------------
+
+REQUEST = "/admin/console/exports/new/"
+
+
+def console_member(people: People) -> Client:
+    """Alice with a console role (auditors: read-only), still a member of acme alone."""
+    people.alice.is_staff = True
+    people.alice.save()
+    people.alice.groups.add(*User.objects.get(username="aude").groups.all())
+    return logged_in(people.alice)
+
+
+def test_a_member_requests_an_export_from_the_exports_page(
+    people: People, role_users: dict[str, User], export_root: Path, redis_clean: None
+) -> None:
+    alice = console_member(people)
+    page = alice.get(PAGE).content.decode()
+    form = re.search(r'<form method="post" action="/admin/console/exports/new/".*?</form>', page, re.S)
+    assert form, "the page offers the request form"
+    options = re.findall(r'<option value="(\d+)"[^>]*>([^<]+)</option>', form.group(0))
+    assert options == [(str(people.acme.pk), "acme")]  # only the accounts she may export
+    done = alice.post(REQUEST, {"account": people.acme.pk, "date_from": "2026-01-01", "date_to": "2026-03-31"}, follow=True)
+    export = Export.objects.get()
+    assert (export.account, export.requested_by, str(export.date_from), str(export.date_to)) == (
+        people.acme,
+        people.alice,
+        "2026-01-01",
+        "2026-03-31",
+    )
+    assert export.state == ExportState.QUEUED and Job.objects.get(pk=export.job_id).kind == "export.csv"
+    assert f"Export {export.pk} of acme requested" in done.content.decode()
+    assert export.pk in rows(done.content.decode())
+    audit = AuditEvent.objects.get(action="export.request", target_id=str(export.pk))
+    assert audit.actor == "alice" and audit.details["account"] == "acme"
+    # The export runs like any other: its member downloads it.
+    load_events(people.acme, rows=100)
+    assert drain_exports(export.pk).state == ExportState.SUCCEEDED
+    assert alice.get(download_url(export)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"account": "globex", "date_from": "2026-01-01", "date_to": "2026-01-31"}, "alice may not export data of account"),
+        ({"account": "acme", "date_from": "2026-03-01", "date_to": "2026-01-31"}, "the date range ends (2026-01-31) before"),
+        ({"account": "acme", "date_from": "2026-01-01", "date_to": "2027-06-30"}, "the limit is 366 days"),
+        ({"account": "acme", "date_from": "2026-13-01", "date_to": "2026-01-31"}, "Enter a valid date"),
+        ({"account": "acme", "date_from": "", "date_to": "2026-01-31"}, "This field is required"),
+        ({"account": "acme", "date_from": "2026-01-01", "date_to": "2026-01-31", "max_rows": "0"}, "max_rows"),
+        ({"account": "acme", "date_from": "2026-01-01", "date_to": "2026-01-31", "max_rows": "1e9"}, "Enter a whole number"),
+        ({"account": "999999", "date_from": "2026-01-01", "date_to": "2026-01-31"}, "account 999999 does not exist"),
+        ({"account": "x\x00", "date_from": "2026-01-01", "date_to": "2026-01-31"}, ""),
+    ],
+)
+def test_a_bad_request_says_why_and_creates_nothing(
+    people: People, role_users: dict[str, User], redis_clean: None, data: dict[str, str], said: str
+) -> None:
+    alice = console_member(people)
+    accounts = {"acme": people.acme.pk, "globex": people.globex.pk}
+    data = {**data, "account": str(accounts.get(data["account"], data["account"]))}
+    response = alice.post(REQUEST, data)
+    assert response.status_code == 400
+    assert said in response.content.decode().replace("&#x27;", "'")
+    assert not Export.objects.exists() and not Job.objects.exists()
+    assert not AuditEvent.objects.filter(action="export.request").exists()
+
+
+def test_only_console_staff_may_post_a_request_and_the_service_decides_the_account(
+    people: People, clients: dict[str, Client], role_users: dict[str, User], redis_clean: None
+) -> None:
+    data = {"account": people.acme.pk, "date_from": "2026-01-01", "date_to": "2026-01-31"}
+    assert clients["norole"].post(REQUEST, data).status_code == 403
+    assert clients["anonymous"].post(REQUEST, data)["Location"].startswith("/admin/login/")
+    assert clients["operator"].get(REQUEST).status_code == 405
+    # An operator who is a member of no account: the page says so, and a POST is refused.
+    page = clients["operator"].get(PAGE).content.decode()
+    assert "members of an account (and superusers) request its exports" in page and 'name="date_from"' not in page
+    assert "olga may not export data of account acme" in clients["operator"].post(REQUEST, data).content.decode()
+    assert not Export.objects.exists()
+    # A superuser may export any account.
+    root = logged_in(people.root)
+    assert root.post(REQUEST, data).status_code == 302
+    assert Export.objects.get().requested_by == people.root

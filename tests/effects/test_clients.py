@@ -57,6 +57,14 @@ def test_lookup_found_absent_and_disabled(provider: FakeProvider, settings) -> N
     assert [e["status"] for e in provider.lookups("orders")] == [200, 404, 501]
 
 
+def test_lookup_disabled_for_a_number_of_lookups(provider: FakeProvider) -> None:
+    client = payments.client()
+    created = order(client, "k-2b")
+    provider.fault("lookup_disabled", resource="orders", times=2)
+    assert [client.lookup_order("k-2b") for _ in range(3)] == [None, None, created]
+    assert [e["status"] for e in provider.lookups("orders")] == [501, 501, 200]
+
+
 def test_rate_limit_is_not_performed_with_retry_after(provider: FakeProvider) -> None:
     provider.fault("429", retry_after=7, times=1)
     with pytest.raises(NotPerformed) as caught:

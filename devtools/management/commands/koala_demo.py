@@ -1,9 +1,6 @@
 from __future__ import annotations
 
-import os
-import secrets
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 from django.apps import apps
@@ -12,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from devtools import demo
 from workers import kinds
 from workers.models import Budget, ModelPrice, Scope
 from workers.services import budgets
@@ -19,32 +17,30 @@ from workers.services.jobs import JobSpec, enqueue_many
 
 
 class Command(BaseCommand):
-    help = "Create the demo admin user (printing its login) and enqueue a few demo jobs. Safe to run again."
+    help = (
+        "Create the demo's people (admin; alice, requester and reviewer; bob, reviewer; carol, member of globex), print "
+        "their logins and keep them in $KOALA_DATA_DIR/logins.json, and seed demo jobs, reviews, exports and one "
+        "operation that needs attention. Safe to run again."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
         parser.add_argument("--no-jobs", action="store_true", help="only ensure the admin user")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        users = get_user_model()
         username = options["username"]
-        # The password is kept in the data folder so the printed login stays valid across runs.
-        data_dir = Path(os.environ.get("KOALA_DATA_DIR", settings.BASE_DIR / ".koala-data"))
-        data_dir.mkdir(parents=True, exist_ok=True)
-        secret_file = data_dir / "demo-admin-password"
-        if secret_file.exists():
-            password = secret_file.read_text().strip()
-        else:
-            password = secrets.token_urlsafe(12)
-            secret_file.write_text(password + "\n")
-            secret_file.chmod(0o600)
-        user, _ = users.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
-        user.is_staff = user.is_superuser = True
-        user.set_password(password)
-        user.save()
-        self.stdout.write(self.style.SUCCESS(f"Demo admin login: username={username} password={password}"))
+        # The passwords are kept in the data folder so the printed logins stay valid across runs.
+        logins, problems = demo.ensure_people(admin=username)
+        stored = demo.write_logins(logins)
+        self.stdout.write(self.style.SUCCESS("Demo logins:"))
+        for login in logins:
+            self.stdout.write(f"  {login.username:<8} password={login.password}  ({', '.join(login.roles)})")
+        self.stdout.write(f"Stored in {stored} (readable by you only); the same passwords on every run.")
+        for problem in problems:
+            self.stderr.write(problem)
         if options["no_jobs"]:
             return
+        user = get_user_model().objects.get(username=username)
         specs = [JobSpec(kind="noop", input={"n": n}, idempotency_key=f"demo-noop-{n}") for n in range(5)]
         specs += [
             JobSpec(kind="sleep", input={"seconds": 3}, idempotency_key="demo-sleep"),
@@ -55,13 +51,18 @@ class Command(BaseCommand):
         specs += self.effect_specs()
         self.seed_safety()
         results = enqueue_many(specs=specs, created_by="koala_demo")
+        # Alice's charges above the review threshold: she requested them, so four-eyes leaves
+        # their approval to another reviewer (bob). The second one is a duplicate, to reject.
+        results += enqueue_many(specs=self.review_specs(), created_by="alice")
         created = sum(r.created for r in results)
         self.stdout.write(f"Demo jobs: {created} new, {len(results) - created} already present")
         if apps.is_installed("exports"):
             self.seed_exports(user)
+        demo.seed_uncertain_operation(stdout=self.stdout)
 
     def seed_exports(self, user: Any) -> None:
-        """100k demo events (COPY, about a second) and one export the admin may download."""
+        """100k demo events (COPY, about a second), the demo people's memberships, and one
+        export of acme that alice requested (she and the admin may download it)."""
         from exports.models import Account, Event, Export
         from exports.services import request_export
 
@@ -69,11 +70,15 @@ class Command(BaseCommand):
             call_command(
                 "koala_demo_data", "--rows", "100000", "--accounts", "3", "--member", user.get_username(), "--actor", "koala_demo"
             )
-        account = Account.objects.filter(members=user).order_by("pk").first()
+        demo.grant_memberships(actor="koala_demo")
+        alice = get_user_model().objects.get(username="alice")
+        account = Account.objects.filter(members=alice).order_by("pk").first()
         if account is None or Export.objects.exists():
             return
-        export = request_export(user=user, account_id=account.pk, date_from=date(2026, 1, 1), date_to=date(2026, 3, 31))
-        self.stdout.write(f"Demo export {export.pk} of {account.slug} requested; download it at /exports/{export.pk}/download/")
+        export = request_export(user=alice, account_id=account.pk, date_from=date(2026, 1, 1), date_to=date(2026, 3, 31))
+        self.stdout.write(
+            f"Demo export {export.pk} of {account.slug} requested by alice; download it at /exports/{export.pk}/download/"
+        )
 
     def seed_safety(self) -> None:
         """A price for the demo model and a daily budget, so cost and limits show from the start."""
@@ -88,6 +93,22 @@ class Command(BaseCommand):
                 request_limit=1_000,
                 actor="koala_demo",
             )
+
+    def review_specs(self) -> list[JobSpec]:
+        """Two charges above the review threshold (50.00), when a payment provider is set."""
+        if not settings.KOALA_PAYMENTS_URL or "shop.order_and_charge" not in {k.name for k in kinds.served()}:
+            return []
+        return [
+            JobSpec(
+                kind="shop.order_and_charge",
+                input={"reference": reference, "amount_minor": amount, "currency": "EUR", "description": description},
+                idempotency_key=reference,
+            )
+            for reference, amount, description in (
+                ("demo-order-2", 7500, "annual plan, invoice 2231"),
+                ("demo-order-3", 7500, "annual plan, invoice 2231 (sent twice)"),
+            )
+        ]
 
     def effect_specs(self) -> list[JobSpec]:
         """The side-effect kinds, for the providers that are configured (docs/effects.md).
@@ -105,7 +126,7 @@ class Command(BaseCommand):
             )
         ]
         if settings.KOALA_PAYMENTS_URL:
-            for reference, amount in (("demo-order-1", 1200), ("demo-order-2", 7500)):
+            for reference, amount in (("demo-order-1", 1200),):
                 specs.append(
                     JobSpec(
                         kind="shop.order_and_charge",

@@ -27,13 +27,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from devtools.demo import sandbox_state_file
 
 MIN_GRACE_SECONDS = 35.0
 FORCE_AFTER_SECONDS = 1.0  # a repeated signal sooner than this is the same Ctrl-C seen twice
@@ -136,7 +137,7 @@ class Command(BaseCommand):
         if sandbox_port and not options["no_sandbox"]:
             # The sandbox provider the tests also use (idempotency keys, lookups by key), standing in for
             # a real payment and model API so the demo's charges and model calls complete.
-            state = Path(os.environ.get("KOALA_DATA_DIR") or settings.BASE_DIR / ".koala-data") / "sandbox-provider.jsonl"
+            state = sandbox_state_file()  # koala_demo's uncertain charge was made against this record
             state.parent.mkdir(parents=True, exist_ok=True)
             children.insert(
                 0,
