@@ -260,6 +260,7 @@ def console_member(people: People) -> Client:
     return logged_in(people.alice)
 
 
+@pytest.mark.django_db(transaction=True)  # runs the export's job (tests/inprocess.py)
 def test_a_member_requests_an_export_from_the_exports_page(
     people: People, role_users: dict[str, User], export_root: Path, redis_clean: None
 ) -> None:
