@@ -51,7 +51,7 @@ DJANGO_DESTS = {"help", "version", "verbosity", "settings", "pythonpath", "trace
 NUL = "a\x00b"
 SURROGATE = "\udcff"  # how Python hands over an argv byte that is not UTF-8 (b"\xff")
 HUGE = "99999999999999999999"  # beyond bigint
-DEEP_JSON = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+DEEP_JSON = '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}"  # deeper than Python's recursion limit
 ACTOR_151 = "a" * 151  # the actor columns hold 150
 
 
@@ -108,7 +108,10 @@ TABLE: dict[str, list[Case]] = {
             for value in ("nope", "default,nope", "", ",", NUL, SURROGATE, "q" * 65)
         ],
         *[c("--pool", value, "--burst", names="--pool") for value in ("0", "-1", "65", "abc", HUGE)],
-        *[c("--shutdown-deadline", value, "--burst", names="--shutdown-deadline") for value in ("nan", "inf", "-1", "abc", "1e12")],
+        *[
+            c("--shutdown-deadline", value, "--burst", names="--shutdown-deadline")
+            for value in ("nan", "inf", "-1", "abc", "1e12")
+        ],
         *[c("--name", value, "--burst", names="--name") for value in ("w" * 201, NUL, SURROGATE, "")],
         c("--pool", "2", "--name", "w1", "--burst", names="--name"),
         c("--worker-class", "nope", "--burst", names="--worker-class"),
@@ -148,6 +151,7 @@ TABLE: dict[str, list[Case]] = {
                 "[1]",
                 "{",
                 DEEP_JSON,
+                "{" * 200_000,
                 NUL,
                 '{"a": "' + "x" * 20_000 + '"}',
             )
@@ -298,7 +302,10 @@ TABLE: dict[str, list[Case]] = {
         c("cancel", "999999", "--user", "alice", names="export"),
         c("cancel", "{export}", "--user", "nope", names="--user"),
         c("cancel", "abc", "--user", "alice", names="export_id"),
-        *[c("cancel", "{export}", "--user", "alice", "--reason", value, names="--reason") for value in (NUL, SURROGATE, "r" * 501)],
+        *[
+            c("cancel", "{export}", "--user", "alice", "--reason", value, names="--reason")
+            for value in (NUL, SURROGATE, "r" * 501)
+        ],
         c("clean", "--nope", names="--nope"),
         c("clean", "extra", names="extra"),
     ],
@@ -468,7 +475,10 @@ def export_root(tmp_path: Path, settings: Any) -> Path:
     settings.KOALA_EXPORT_ROOT = root
     settings.STORAGES = {
         **settings.STORAGES,
-        "exports": {**settings.STORAGES["exports"], "OPTIONS": {**settings.STORAGES["exports"]["OPTIONS"], "location": str(root)}},
+        "exports": {
+            **settings.STORAGES["exports"],
+            "OPTIONS": {**settings.STORAGES["exports"]["OPTIONS"], "location": str(root)},
+        },
     }
     return root
 
@@ -588,8 +598,16 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
         ["koala_export", "list", "--limit", "3"],
         ["koala_export", "show", seeds["export"], "--user", "alice"],
         ["koala_demo_data", "--rows", "10", "--accounts", "2", "--days", "3", "--member", "bob", "--actor", "ops"],
+        ["koala_requeue", seeds["job"], "--actor", "ops"],
         ["koala_cancel", seeds["job"], "--reason", "not needed", "--actor", "ops"],
+        ["koala_retry", seeds["failed"], "--actor", "ops"],
+        ["koala_reviews", "list", "--all"],
+        ["koala_reviews", "show", seeds["review"]],
+        ["koala_resume", seeds["pause"], "--note", "", "--actor", "ops"],
+        ["koala_export", "cancel", seeds["export"], "--user", "alice", "--reason", "not needed"],
+        ["koala_demo", "--username", "demo.admin", "--no-jobs"],
         ["koala_beat", "--once", "--interval", "0.5"],
+        ["koala_worker", "--queues", "default, bulk", "--name", "w-valid", "--burst", "--shutdown-deadline", "0"],
     ]
     for argv in ok:
         outcome = run_in_process(argv)

@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from koala import cli
 from workers import kinds
 from workers.models import Budget, ModelPrice
 from workers.services import budgets
@@ -22,7 +23,9 @@ class Command(BaseCommand):
     help = "Create the demo admin user (printing its login) and enqueue a few demo jobs. Safe to run again."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--username", default="admin")
+        parser.add_argument(
+            "--username", type=cli.username(get_user_model()), default="admin", help="the demo admin (default admin)"
+        )
         parser.add_argument("--no-jobs", action="store_true", help="only ensure the admin user")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -9,16 +9,16 @@ from django.db import transaction
 from koala.audit import record_audit
 from koala.redaction import redact_data
 from workers import kinds
-from workers.management.commands._common import cli_actor, existing_job
+from workers.management.commands._common import add_actor_argument, cli_actor, existing_job, job_id
 
 
 class Command(BaseCommand):
     help = "Inspect one job and its attempts (input shown redacted). The read is audited."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("job_id", type=int)
+        parser.add_argument("job_id", type=job_id)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
-        parser.add_argument("--actor", default=None, help="who reads (default: $USER@cli)")
+        add_actor_argument(parser, "reads")
 
     def handle(self, *args: Any, **options: Any) -> None:
         job = existing_job(options["job_id"])
