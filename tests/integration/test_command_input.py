@@ -606,9 +606,21 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
         ["koala_resume", seeds["pause"], "--note", "", "--actor", "ops"],
         ["koala_export", "cancel", seeds["export"], "--user", "alice", "--reason", "not needed"],
         ["koala_demo", "--username", "demo.admin", "--no-jobs"],
-        ["koala_beat", "--once", "--interval", "0.5"],
-        ["koala_worker", "--queues", "default, bulk", "--name", "w-valid", "--burst", "--shutdown-deadline", "0"],
     ]
     for argv in ok:
         outcome = run_in_process(argv)
         assert outcome.code == 0 and not outcome.crash, f"{argv}: {outcome}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["koala_beat", "--once", "--interval", "0.5"],
+        ["koala_worker", "--queues", "default, bulk", "--name", "w-valid", "--burst", "--shutdown-deadline", "0"],
+    ],
+    ids=["beat", "worker"],
+)
+def test_long_running_commands_still_start_on_good_input(args: list[str | bytes], redis_clean: None) -> None:
+    """Through manage.py: in this process they would reconfigure its runtime and database sessions."""
+    outcome = run_manage(args)
+    assert outcome.code == 0 and not outcome.crash, outcome
