@@ -53,6 +53,9 @@ COPY_SQL = (
 CHUNK_ROWS = 50_000
 DEFAULT_START = date(2026, 1, 1)
 USERS_PER_ACCOUNT = 5_000
+MAX_ACCOUNTS = 1_000
+MAX_DAYS = 36_500
+MAX_ROWS = 100_000_000  # about ten minutes of COPY here: more is a typo, not a demo
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,8 @@ class GeneratedData:
 
 def ensure_demo_accounts(*, count: int) -> list[Account]:
     """The first ``count`` demo accounts (created when missing), in a stable order."""
-    if not 1 <= count <= 1000:
-        raise ValueError("the number of accounts must be between 1 and 1000.")
+    if not 1 <= count <= MAX_ACCOUNTS:
+        raise ValueError(f"the number of accounts must be between 1 and {MAX_ACCOUNTS}.")
     specs = [DEMO_ACCOUNTS[i] if i < len(DEMO_ACCOUNTS) else (f"account-{i + 1:04d}", f"Account {i + 1}") for i in range(count)]
     accounts = []
     for slug, name in specs:
@@ -110,8 +113,10 @@ def generate_events(
     """
     if rows < 0:
         raise ValueError("rows cannot be negative.")
-    if not 1 <= days <= 36_500:
-        raise ValueError("days must be between 1 and 36500.")
+    if rows > MAX_ROWS:
+        raise ValueError(f"rows must be at most {MAX_ROWS}.")
+    if not 1 <= days <= MAX_DAYS:
+        raise ValueError(f"days must be between 1 and {MAX_DAYS}.")
     if not accounts:
         raise ValueError("at least one account is needed.")
     rng = random.Random(seed)

@@ -8,6 +8,7 @@ customer data).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import IO
@@ -100,8 +101,9 @@ def resolve_limits(*, max_rows: int | None, max_bytes: int | None, time_limit_se
         ("max_bytes", chosen.max_bytes, caps.max_bytes),
         ("time_limit_seconds", chosen.time_limit_seconds, caps.time_limit_seconds),
     ):
-        if value <= 0:
-            raise ExportError(f"{name} must be positive.")
+        # NaN passes every comparison below (and PostgreSQL's CHECK, where NaN > 0): test it first.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ExportError(f"{name} must be positive and finite.")
         if value > cap:
             raise ExportError(f"{name}={value:g} is beyond the limit of {cap:g}.")
     return chosen

@@ -3,20 +3,25 @@
 Every setting comes from the environment (optionally via a ``NAME_FILE`` path
 holding the value, as systemd credentials and Docker secrets provide). A value
 that does not parse stops start-up with a message naming the variable: a typo
-in ``KOALA_LEASE_SECONDS`` must never silently become the default.
+in ``KOALA_LEASE_SECONDS`` must never silently become the default, and neither
+may ``nan`` or ``inf``: every comparison with NaN is false, so a NaN lease would pass
+any minimum and then never expire (``float()`` accepts both, so they are refused here).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
+
 T = TypeVar("T")
 
 
-class ConfigError(Exception):
+class ConfigError(ImproperlyConfigured):
     """A setting is missing or malformed; the message names the variable."""
 
 
@@ -75,6 +80,8 @@ def integer(name: str, default: int, *, minimum: int | None = None) -> int:
 
 def number(name: str, default: float, *, minimum: float | None = None) -> float:
     result = _parsed(name, default, float, "a number")
+    if not math.isfinite(result):
+        raise ConfigError(f"{name}={raw(name)!r} is not a finite number.")
     if minimum is not None and result < minimum:
         raise ConfigError(f"{name}={result} must be at least {minimum}.")
     return result

@@ -13,8 +13,8 @@ from django.http import HttpRequest
 
 from koala import redaction
 from koala.readonly_admin import ReadOnlyAdmin
-from workers import kinds
-from workers.errors import JobStateError
+from workers import kinds, targets
+from workers.errors import JobStateError, SafetyError
 from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
 from workers.selectors.jobs import job_for_person, redacted_copy
 from workers.services import budgets as budget_services
@@ -190,6 +190,16 @@ class BudgetForm(forms.ModelForm):
     class Meta:
         model = Budget
         fields = ["name", "scope", "target", "tenant", "timezone", "currency", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is None and "scope" in cleaned:
+            # The budget service's own rule (a configured queue, a known kind), said on the form.
+            try:
+                targets.check_scope(cleaned["scope"], cleaned.get("target") or "")
+            except SafetyError as exc:
+                self.add_error("target", str(exc))
+        return cleaned
 
     def clean_timezone(self) -> str:
         value = self.cleaned_data["timezone"]

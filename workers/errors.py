@@ -111,6 +111,24 @@ class SafetyError(ValueError):
     """Bad input to a safety-layer service (budget, pause, review, operation resolution)."""
 
 
+class UnknownName(EnqueueError, SafetyError):
+    """A person named a queue, job kind or scope Koala does not know (a typo, a retired name).
+
+    Both an EnqueueError and a SafetyError, so every caller of the enqueue, pause and budget
+    services that already handles its service's error handles this one; ``what`` and ``name``
+    say which name was refused.
+    """
+
+    def __init__(self, what: str, name: str, known: list[str]) -> None:
+        self.what, self.name, self.known = what, name, known
+        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "…"
+        listed = ", ".join(known)
+        if len(listed) > 160:
+            listed = listed[:157].rsplit(", ", 1)[0] + f", … ({len(known)} in all)"
+        label = "job kind" if what == "kind" else what
+        super().__init__(f"unknown {label} {shown}; {'known' if what != 'queue' else 'configured'}: {listed or 'none'}.")
+
+
 class Park(BaseException):
     """Raised inside a body by the safety layer to set the job aside without using an attempt.
 

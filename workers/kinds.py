@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from koala.redaction import Redactor
-from workers.errors import EnqueueError
+from workers.errors import EnqueueError, UnknownName
 from workers.models import Delivery
 
 if TYPE_CHECKING:
@@ -141,8 +141,7 @@ def get(name: str, version: int) -> JobKind | None:
 def latest(name: str) -> JobKind:
     versions = [k for (n, _), k in _registry.items() if n == name]
     if not versions:
-        known = ", ".join(sorted({n for n, _ in _registry})) or "none"
-        raise EnqueueError(f"unknown job kind {name!r} (known: {known}).")
+        raise UnknownName("kind", name, sorted({n for n, _ in _registry}))
     return max(versions, key=lambda k: k.version)
 
 

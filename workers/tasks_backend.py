@@ -16,6 +16,7 @@ The job input holds the task's import path and its JSON arguments; raise
 from __future__ import annotations
 
 import builtins
+import inspect
 from typing import Any
 
 from django.tasks import Task
@@ -49,6 +50,7 @@ class KoalaTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
+        check_arguments(task, args, kwargs)
         delay = max((task.run_after - now()).total_seconds(), 0.0) if task.run_after else 0.0
         created = enqueue(
             kind=KIND,
@@ -88,6 +90,20 @@ class KoalaTaskBackend(BaseTaskBackend):
         if job.state == JobState.SUCCEEDED:
             object.__setattr__(result, "_return_value", job.result)
         return result
+
+
+def check_arguments(task: Task, args: Any, kwargs: Any) -> None:
+    """Refuse, at enqueue, arguments the task's function could not be called with.
+
+    Otherwise the job would be stored and fail only when a worker calls the function, possibly
+    hours later and far from the caller's mistake. A context-taking task gets its context first.
+    """
+    signature = inspect.signature(task.func)
+    context = (None,) if task.takes_context else ()
+    try:
+        signature.bind(*context, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{task.module_path}{signature} cannot take these arguments: {exc}; nothing was enqueued.") from None
 
 
 def _exception_path(error_class: str) -> str:

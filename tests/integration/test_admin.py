@@ -56,3 +56,19 @@ def test_admin_cancel_action_goes_through_the_service(redis_clean: None, staff_c
     assert response.status_code == 200
     assert Job.objects.get(pk=job_id).state == "cancelled"
     assert AuditEvent.objects.filter(action="cancel", actor="ops", target_id=str(job_id)).exists()
+
+
+@pytest.mark.parametrize(
+    ("scope", "target", "message"),
+    [("queue", "nope", "unknown queue"), ("kind", "nope", "unknown job kind"), ("queue", "", "needs a target")],
+)
+def test_an_unknown_budget_scope_is_a_form_error(staff_client: Client, scope: str, target: str, message: str) -> None:
+    """The budget service refuses it (workers.targets); the admin's form says so, not a 500."""
+    from workers.models import Budget
+
+    form = {"name": "b", "scope": scope, "target": target, "tenant": "", "timezone": "UTC", "currency": "EUR"}
+    page = staff_client.post("/admin/workers/budget/add/", form)
+    assert page.status_code == 200 and message in page.content.decode()
+    assert not Budget.objects.exists()
+    created = staff_client.post("/admin/workers/budget/add/", {**form, "scope": "queue", "target": "bulk"})
+    assert created.status_code == 302 and Budget.objects.get().target == "bulk"

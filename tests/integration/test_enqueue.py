@@ -7,7 +7,7 @@ from django.db import connection, transaction
 
 from koala.models import AuditEvent
 from workers import doorbell
-from workers.errors import EnqueueError
+from workers.errors import EnqueueError, UnknownName
 from workers.models import Job
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
 
@@ -78,6 +78,19 @@ def test_key_is_unique_per_kind_not_global(redis_clean: None) -> None:
         (JobSpec(kind="noop", version=99), "has no version 99"),
         (JobSpec(kind="noop", idempotency_key=" "), "idempotency_key"),
         (JobSpec(kind="noop", delay_seconds=-1), "negative"),
+        # A queue no worker serves, and values PostgreSQL cannot store, are refused here too (the
+        # admin, the API and code all enqueue through this service, not only the command line).
+        (JobSpec(kind="noop", queue="nope"), "unknown queue 'nope'"),
+        (JobSpec(kind="noop", queue=""), "unknown queue ''"),
+        (JobSpec(kind="noop", delay_seconds=float("nan")), "delay_seconds must be a finite number"),
+        (JobSpec(kind="noop", delay_seconds=float("inf")), "delay_seconds must be a finite number"),
+        (JobSpec(kind="noop", delay_seconds=1e12), "delay_seconds must be a finite number"),
+        (JobSpec(kind="noop", input={"memo": "a\x00b"}), r"input\.memo contains a NUL character"),
+        (JobSpec(kind="noop", input={"a\x00": 1}), "contains a NUL character"),
+        (JobSpec(kind="noop", input={"memo": ["\udcff"]}), r"input\.memo\[0\] is not valid UTF-8"),
+        (JobSpec(kind="noop", input={"ratio": float("nan")}), r"input\.ratio is not a finite number"),
+        (JobSpec(kind="noop", idempotency_key="k\x00"), "idempotency_key contains a NUL character"),
+        (JobSpec(kind="noop", correlation_id="c" * 65), "correlation_id"),
     ],
 )
 def test_bad_input_is_a_clear_error_and_no_row_changes(redis_clean: None, spec: JobSpec, message: str) -> None:
@@ -112,6 +125,21 @@ def test_rolled_back_enqueue_leaves_nothing(redis_clean: None, django_capture_on
     assert pending_messages() == 0
 
 
+def test_known_queue_override_and_astral_text_are_stored(redis_clean: None) -> None:
+    job = Job.objects.get(pk=enqueue(kind="noop", input={"memo": "koala \U0001f428"}, queue="bulk").job_id)
+    assert (job.queue, job.input) == ("bulk", {"memo": "koala \U0001f428"})
+
+
+def test_an_unknown_name_is_a_typed_error(redis_clean: None) -> None:
+    with pytest.raises(UnknownName) as refused:
+        enqueue(kind="noop", queue="nope")
+    assert (refused.value.what, refused.value.name) == ("queue", "nope")
+    with pytest.raises(UnknownName) as refused:
+        enqueue(kind="nope")
+    assert (refused.value.what, refused.value.name) == ("kind", "nope")
+    assert not Job.objects.exists()
+
+
 def test_enqueue_by_a_person_is_audited(redis_clean: None) -> None:
     result = enqueue(kind="noop", input={}, created_by="alice")
     event = AuditEvent.objects.get(action="enqueue")
@@ -144,3 +172,17 @@ def test_a_large_batch_by_a_person_is_audited_with_every_id(redis_clean: None) -
     event = AuditEvent.objects.get(action="enqueue")
     assert event.target_id == str(results[0].job_id)
     assert event.details["job_ids"] == [r.job_id for r in results] and event.details["count"] == 30
+
+
+def test_retrying_a_job_whose_queue_is_no_longer_configured_is_refused_as_a_state_error(redis_clean: None) -> None:
+    """Operators retry through the console, the admin and koala_retry: all handle JobStateError."""
+    from django.utils import timezone
+
+    from workers.errors import JobStateError
+    from workers.services.jobs import retry_job
+
+    job_id = enqueue(kind="noop", input={}).job_id
+    Job.objects.filter(pk=job_id).update(queue="retired", state="failed", failure_reason="fatal", finished_at=timezone.now())
+    with pytest.raises(JobStateError, match=f"job {job_id} cannot be retried: unknown queue 'retired'"):
+        retry_job(job_id=job_id, actor="ops")
+    assert Job.objects.count() == 1

@@ -388,6 +388,49 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
     assert not AuditEvent.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("scope", "target", "message"),
+    [
+        ("queue", "nope", "unknown queue 'nope'"),
+        ("kind", "nope", "unknown job kind 'nope'"),
+        ("planet", "mars", "unknown scope 'planet'"),
+    ],
+)
+def test_a_person_may_only_pause_or_budget_what_koala_knows(scope: str, target: str, message: str) -> None:
+    """The rule sits in the services, so the console, the admin and the commands all keep it."""
+    with pytest.raises(SafetyError, match=message):
+        pauses.pause(scope=scope, target=target, reason="maintenance", actor="ops")
+    with pytest.raises(SafetyError, match=message):
+        budgets.create_budget(name="b", scope=scope, target=target, spend_limit_minor=5, actor="ops")
+    assert not Budget.objects.exists() and not Pause.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_a_kind_this_process_does_not_serve_may_be_paused_while_its_jobs_exist(redis_clean: None) -> None:
+    """A kind another deployment registers still has jobs here: an operator may hold them."""
+    job_id = enqueue(kind="noop", input={}).job_id
+    Job.objects.filter(pk=job_id).update(kind="retired.kind")
+    row = pauses.pause(scope="kind", target="retired.kind", reason="hold the old jobs", actor="ops")
+    assert row.target == "retired.kind"
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"spend_limit_minor": 10**20}, "spend_limit_minor must be at most 9223372036854775807"),
+        ({"concurrency_limit": 3_000_000_000}, "concurrency_limit must be at most 2147483647"),
+        ({"request_limit": "1e3"}, "request_limit must be a whole number"),
+    ],
+)
+def test_budget_limits_beyond_their_columns_are_refused(limits: dict[str, object], message: str) -> None:
+    with pytest.raises(SafetyError, match=message):
+        budgets.create_budget(name="b", scope="global", actor="ops", **limits)
+    budget = budgets.create_budget(name="b", scope="global", actor="ops")
+    with pytest.raises(SafetyError, match=message):
+        budgets.update_budget(budget_id=budget.pk, actor="ops", **limits)
+    with pytest.raises(SafetyError, match="at most 9223372036854775807"):
+        budgets.set_model_price(model="m", input_minor_per_mtok=10**20, output_minor_per_mtok=1, actor="ops")
+
+
 @pytest.mark.django_db  # services only: nothing is claimed, nothing needs committing
 def test_pausing_a_paused_scope_is_refused() -> None:
     pauses.pause(scope="queue", target="default", reason="deploy", actor="ops")

@@ -56,3 +56,26 @@ def test_retryable_task_gets_context_and_a_second_attempt(redis_clean: None) -> 
 def test_unknown_result_id() -> None:
     with pytest.raises(TaskResultDoesNotExist):
         django_tasks.add.get_backend().get_result("999999")
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "kwargs", "message"),
+    [
+        (django_tasks.add, (1,), {}, "missing a required argument: 'b'"),
+        (django_tasks.add, (1, 2, 3), {}, "too many positional arguments"),
+        (django_tasks.add, (1, 2), {"c": 3}, "unexpected keyword argument 'c'"),
+        (django_tasks.add, (1,), {"a": 2}, "multiple values for argument 'a'"),
+        (django_tasks.which_attempt, (), {}, "missing a required argument: 'marker'"),
+        (django_tasks.which_attempt, ("m", "extra"), {}, "too many positional arguments"),
+    ],
+)
+def test_arguments_that_do_not_fit_the_function_are_refused_at_enqueue(task, args, kwargs, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError, match=message) as refused:
+        task.enqueue(*args, **kwargs)
+    assert task.module_path in str(refused.value) and "nothing was enqueued" in str(refused.value)
+    assert not Job.objects.exists()
+
+
+def test_arguments_that_fit_are_enqueued(redis_clean: None) -> None:
+    assert Job.objects.get(pk=int(django_tasks.add.enqueue(1, b=2).id)).input["kwargs"] == {"b": 2}
+    assert Job.objects.get(pk=int(django_tasks.which_attempt.enqueue("m").id)).input["args"] == ["m"]

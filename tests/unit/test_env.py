@@ -92,3 +92,17 @@ def test_weak_secret_key_fails_the_system_check_outside_debug() -> None:
     assert result.returncode != 0 and "koala.E001" in result.stderr
     assert _manage("check", DEBUG="true").returncode == 0
     assert _manage("check", SECRET_KEY="k1-" + "abcdefghij" * 5).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+def test_non_finite_numbers_are_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("KOALA_T", value)
+    monkeypatch.delenv("KOALA_T_FILE", raising=False)
+    with pytest.raises(ConfigError, match=f"KOALA_T={value!r} is not a finite number"):
+        env.number("KOALA_T", 1.0, minimum=0.0)
+
+
+def test_a_config_error_is_improperly_configured() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    assert issubclass(ConfigError, ImproperlyConfigured)

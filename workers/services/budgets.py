@@ -26,9 +26,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from koala.audit import AuditAction, record_audit
-from workers import sql
+from koala.storable import column_range
+from workers import sql, targets
 from workers.errors import SafetyError
-from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Pause, PauseMode, PauseSource, Scope
+from workers.models import Budget, BudgetUsage, Job, JobState, ModelPrice, ParkReason, Pause, PauseMode, PauseSource
 from workers.services import pauses
 from workers.services.jobs import unpark_jobs
 
@@ -65,15 +66,22 @@ class ClaimBlocked(Exception):
 # -- administration (people) -------------------------------------------------------------------
 
 
-def _whole_number(name: str, value: Any) -> int:
+# What each limit's column holds: a bigger number would fail in the database, not here.
+_LIMIT_MAXIMUM = {name: column_range(Budget, name)[1] for name in LIMIT_FIELDS}
+_PRICE_MAXIMUM = column_range(ModelPrice, "input_minor_per_mtok")[1]
+
+
+def _whole_number(name: str, value: Any, *, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.")
     try:
         number = int(value)
     except ValueError:
-        raise SafetyError(f"{name} must be a whole number or empty, not {value!r}.") from None
+        raise SafetyError(f"{name} must be a whole number or empty, not {str(value)[:40]!r}.") from None
     if number < 0:
         raise SafetyError(f"{name} cannot be negative (got {number}).")
+    if number > maximum:
+        raise SafetyError(f"{name} must be at most {maximum}.")
     return number
 
 
@@ -82,17 +90,8 @@ def _check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
     for name, value in limits.items():
         if name not in LIMIT_FIELDS:
             raise SafetyError(f"unknown budget limit {name!r}; limits are: {', '.join(LIMIT_FIELDS)}.")
-        clean[name] = None if value is None or value == "" else _whole_number(name, value)
+        clean[name] = None if value is None or value == "" else _whole_number(name, value, maximum=_LIMIT_MAXIMUM[name])
     return clean
-
-
-def _check_scope(scope: str, target: str) -> None:
-    if scope not in Scope.values:
-        raise SafetyError(f"unknown scope {scope!r}; use one of: {', '.join(Scope.values)}.")
-    if scope == Scope.GLOBAL and target:
-        raise SafetyError("a global scope takes no target.")
-    if scope != Scope.GLOBAL and not target:
-        raise SafetyError(f"a {scope} scope needs a target ({scope} name).")
 
 
 def create_budget(
@@ -110,11 +109,11 @@ def create_budget(
     """Create a budget. Limits are whole numbers (money in minor units); None means no limit."""
     if not name.strip():
         raise SafetyError("a budget needs a name.")
-    _check_scope(scope, target)
+    targets.check_scope(scope, target)
     zone = timezone
     try:
         zoneinfo.ZoneInfo(zone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a path
         raise SafetyError(f"unknown time zone {zone!r} (use an IANA name such as Europe/Paris).") from None
     if len(currency) != 3 or not currency.isalpha():
         raise SafetyError(f"currency must be a 3-letter code, not {currency!r}.")
@@ -188,8 +187,8 @@ def usage_for(*, budget: Budget, on: date | None = None) -> BudgetUsage:
 def set_model_price(*, model: str, input_minor_per_mtok: int, output_minor_per_mtok: int, actor: str) -> ModelPrice:
     if not model.strip():
         raise SafetyError("a price needs a model name.")
-    price_in = _whole_number("input_minor_per_mtok", input_minor_per_mtok)
-    price_out = _whole_number("output_minor_per_mtok", output_minor_per_mtok)
+    price_in = _whole_number("input_minor_per_mtok", input_minor_per_mtok, maximum=_PRICE_MAXIMUM)
+    price_out = _whole_number("output_minor_per_mtok", output_minor_per_mtok, maximum=_PRICE_MAXIMUM)
     with transaction.atomic():
         price, created = ModelPrice.objects.update_or_create(
             model=model,

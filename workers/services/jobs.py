@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -16,11 +17,14 @@ from django.utils import timezone
 
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
-from workers import doorbell, hooks, kinds, sql
+from koala.storable import column_length, json_problem, text_problem
+from workers import doorbell, hooks, kinds, sql, targets
 from workers.errors import EnqueueError, JobStateError
 from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
 MAX_INPUT_BYTES = 16_384  # messages describe the work; customer data stays in the database
+MAX_DELAY_SECONDS = 10 * 366 * 86_400.0  # ten years: anything later is a mistake, not a schedule
+_TEXT_LIMITS = {name: column_length(Job, name) for name in ("idempotency_key", "correlation_id", "created_by")}
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ def input_fingerprint(kind: str, version: int, data: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
+def _validated(spec: JobSpec, *, created_by: str = "") -> tuple[kinds.JobKind, str, str, str]:
+    """The kind, input fingerprint, encoded input and queue of a spec, or EnqueueError saying why not."""
     if spec.version is None:
         kind = kinds.latest(spec.kind)
     else:
@@ -55,23 +60,42 @@ def _validated(spec: JobSpec) -> tuple[kinds.JobKind, str, str]:
             kinds.latest(spec.kind)  # raises "unknown kind" when no version exists at all
             raise EnqueueError(f"job kind {spec.kind!r} has no version {spec.version} in this process.")
         kind = found
+    # Only a configured queue has workers: a job on any other (an override, or a kind whose queue
+    # this deployment's KOALA_QUEUES leaves out) would wait for ever.
+    queue = targets.check_queue(spec.queue if spec.queue is not None else kind.queue)
     kind.check_input(spec.input)
     try:
-        encoded = json.dumps(spec.input, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise EnqueueError(f"input for {kind.key} is not JSON-serializable: {exc}") from None
+        # allow_nan=False: NaN and Infinity are not JSON and jsonb refuses them.
+        encoded = json.dumps(spec.input, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        culprit = json_problem(spec.input, path="input") or exc
+        raise EnqueueError(f"input for {kind.key} is not storable JSON: {culprit}.") from None
+    # ensure_ascii writes NUL as \u0000 and any surrogate as \udXXX: only then walk the input
+    # to find the culprit (a valid pair, an emoji, also shows as \udXXX and passes the walk).
+    if "\\u0000" in encoded or "\\ud" in encoded:
+        unstorable = json_problem(spec.input, path="input")
+        if unstorable:
+            raise EnqueueError(f"input for {kind.key} cannot be stored: {unstorable}.")
     if len(encoded) > MAX_INPUT_BYTES:
         raise EnqueueError(
             f"input for {kind.key} is {len(encoded)} bytes; the limit is {MAX_INPUT_BYTES}. Pass references (ids), not data."
         )
     key = spec.idempotency_key
-    if key is not None and (not key.strip() or len(key) > 200):
-        raise EnqueueError("idempotency_key must be 1-200 characters.")
-    if spec.delay_seconds < 0:
+    if key is not None and (not key.strip() or len(key) > _TEXT_LIMITS["idempotency_key"]):
+        raise EnqueueError(f"idempotency_key must be 1-{_TEXT_LIMITS['idempotency_key']} characters.")
+    for name, value in (("idempotency_key", key or ""), ("correlation_id", spec.correlation_id), ("created_by", created_by)):
+        if len(value) > _TEXT_LIMITS[name]:
+            raise EnqueueError(f"{name} is {len(value)} characters; the limit is {_TEXT_LIMITS[name]}.")
+        if problem := text_problem(value):
+            raise EnqueueError(f"{name} {problem}.")
+    delay = spec.delay_seconds
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay > MAX_DELAY_SECONDS:
+        raise EnqueueError(f"delay_seconds must be a finite number of seconds from 0 to {MAX_DELAY_SECONDS:.0f}.")
+    if delay < 0:
         raise EnqueueError("delay_seconds cannot be negative.")
     if not -32768 <= spec.priority <= 32767:
         raise EnqueueError("priority must fit in a smallint (-32768..32767).")
-    return kind, input_fingerprint(kind.name, kind.version, spec.input), encoded
+    return kind, input_fingerprint(kind.name, kind.version, spec.input), encoded, queue
 
 
 class _Row(NamedTuple):
@@ -118,7 +142,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
     rows: list[_Row] = []
     seen_keys: dict[tuple[str, str], str] = {}
     for spec in specs:
-        kind, fingerprint, encoded = _validated(spec)
+        kind, fingerprint, encoded, queue = _validated(spec, created_by=created_by)
         if spec.idempotency_key is not None:
             previous = seen_keys.setdefault((kind.name, spec.idempotency_key), fingerprint)
             if previous != fingerprint:
@@ -128,7 +152,7 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
             _Row(
                 kind=kind.name,
                 version=kind.version,
-                queue=spec.queue or kind.queue,
+                queue=queue,
                 input=encoded,
                 input_fingerprint=fingerprint,
                 idempotency_key=spec.idempotency_key,
@@ -325,14 +349,17 @@ def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
             raise JobStateError(f"job kind {job.kind}@{job.version} is not registered here; cannot retry it.")
         if kind.retry_instead:
             raise JobStateError(f"job {job_id} is an {job.kind} job and is not retried: {kind.retry_instead}.")
-        result = enqueue(
-            kind=job.kind,
-            version=job.version,
-            input=job.input,
-            queue=job.queue,
-            priority=job.priority,
-            correlation_id=job.correlation_id,
-        )
+        try:
+            result = enqueue(
+                kind=job.kind,
+                version=job.version,
+                input=job.input,
+                queue=job.queue,
+                priority=job.priority,
+                correlation_id=job.correlation_id,
+            )
+        except EnqueueError as exc:  # e.g. its queue is no longer configured: say so as the others do
+            raise JobStateError(f"job {job_id} cannot be retried: {exc}") from None
         # The old job's key base, itself carried if it was a retry: a chain of retries shares one.
         base = operation_key_base(job_id=job.pk, idempotency_key=job.idempotency_key, carried=job.operation_key_base)
         # Same transaction as the insert: no worker can claim the new job before it has its keys.

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
-from workers import sql
+from workers import sql, targets
 from workers.errors import SafetyError
 from workers.models import Pause, PauseMode, PauseSource, Scope
 
@@ -46,9 +46,17 @@ def pause(
     expires_at: datetime | None = None,
     source: str = PauseSource.MANUAL,
 ) -> Pause:
-    """Pause a scope. Pausing a scope that is already paused is an error naming the live pause."""
-    if scope not in Scope.values:
-        raise SafetyError(f"unknown pause scope {scope!r}; use one of: {', '.join(Scope.values)}.")
+    """Pause a scope. Pausing a scope that is already paused is an error naming the live pause.
+
+    A person may pause only a queue or kind Koala knows (workers.targets): a typo must not
+    leave a live pause that holds nothing. The machine's pauses (circuit breaker, budget)
+    name what their rows name (a kind with crashed jobs, a budget's scope) and are not
+    second-guessed: refusing them would silently drop a safety stop.
+    """
+    if source == PauseSource.MANUAL:
+        targets.check_scope(scope, target)
+    elif scope not in Scope.values:
+        raise SafetyError(f"unknown scope {scope!r}; known: {', '.join(Scope.values)}.")
     if scope == Scope.GLOBAL and target:
         raise SafetyError("a global pause takes no target.")
     if scope != Scope.GLOBAL and not target:

@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from devtools import demo
+from koala import cli
 from workers import kinds
 from workers.models import Budget, ModelPrice, Scope
 from workers.services import budgets
@@ -24,8 +25,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--username", default="admin")
-        parser.add_argument("--no-jobs", action="store_true", help="only ensure the admin user")
+        parser.add_argument(
+            "--username", type=cli.username(get_user_model()), default="admin", help="the demo admin (default admin)"
+        )
+        parser.add_argument("--no-jobs", action="store_true", help="only ensure the demo's people and their logins")
 
     def handle(self, *args: Any, **options: Any) -> None:
         username = options["username"]

@@ -35,6 +35,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from devtools.demo import sandbox_state_file
+from koala import cli
 
 MIN_GRACE_SECONDS = 35.0
 FORCE_AFTER_SECONDS = 1.0  # a repeated signal sooner than this is the same Ctrl-C seen twice
@@ -66,6 +67,25 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def _check_bindable(host: str, port: int) -> None:
+    """Refuse an address the web server could not listen on, before anything has started.
+
+    Otherwise the migration, the demo data and the worker and beat would all be done first,
+    and only runserver would fail. Bound the way runserver binds (SO_REUSEADDR), then closed.
+    """
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise CommandError(f"--host {host}: cannot be resolved ({exc}).") from None
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CommandError(f"--port {port} on --host {host}: cannot listen there ({exc.strerror}).") from None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -78,8 +98,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1", help="address for the web server (default 127.0.0.1)")
-        parser.add_argument("--port", type=int, default=8000, help="port for the web server (default 8000)")
+        parser.add_argument("--host", type=cli.host, default="127.0.0.1", help="address for the web server (default 127.0.0.1)")
+        parser.add_argument("--port", type=cli.port, default=8000, help="port for the web server, 1-65535 (default 8000)")
         parser.add_argument("--no-demo", action="store_true", help="skip koala_demo (admin user and demo jobs)")
         parser.add_argument(
             "--no-sandbox",
@@ -89,6 +109,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _check_bindable(options["host"], options["port"])
         debug_configured = "DEBUG" in os.environ or "DEBUG_FILE" in os.environ
         wants_sandbox = (
             not options["no_sandbox"]
@@ -126,7 +147,8 @@ class Command(BaseCommand):
         env.setdefault("DEBUG", "true")
         env["PYTHONUNBUFFERED"] = "1"
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-        address = f"{options['host']}:{options['port']}"
+        host = f"[{options['host']}]" if ":" in options["host"] else options["host"]  # IPv6, as runserver reads it
+        address = f"{host}:{options['port']}"
         children = [
             # --insecure: serve the admin's static files even if the user set DEBUG=false.
             Child("web", [*manage, "runserver", "--noreload", "--insecure", address]),

@@ -1,14 +1,24 @@
 from __future__ import annotations
 
-from datetime import date
+from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from exports.demo_data import DEFAULT_START, clear_events, ensure_demo_accounts, generate_events
+from exports.demo_data import (
+    DEFAULT_START,
+    MAX_ACCOUNTS,
+    MAX_DAYS,
+    MAX_ROWS,
+    clear_events,
+    ensure_demo_accounts,
+    generate_events,
+)
 from exports.errors import ExportError
 from exports.services import grant_account_access
-from workers.management.commands._common import cli_actor
+from koala import cli
+from workers.management.commands._common import add_actor_argument, cli_actor
 
 
 class Command(BaseCommand):
@@ -18,25 +28,46 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--rows", type=int, default=1_000_000, help="events to add (default 1,000,000)")
-        parser.add_argument("--accounts", type=int, default=10, help="demo accounts to spread them over (default 10)")
-        parser.add_argument("--start", default=DEFAULT_START.isoformat(), help="first day, YYYY-MM-DD (UTC)")
-        parser.add_argument("--days", type=int, default=365, help="number of days (default 365)")
-        parser.add_argument("--seed", type=int, default=1, help="random seed: the same seed gives the same data")
-        parser.add_argument("--member", action="append", default=[], help="username to give access to every demo account")
+        parser.add_argument(
+            "--rows", type=cli.bounded_int(0, MAX_ROWS), default=1_000_000, help="events to add (default 1,000,000)"
+        )
+        parser.add_argument(
+            "--accounts",
+            type=cli.bounded_int(1, MAX_ACCOUNTS),
+            default=10,
+            help="demo accounts to spread them over (default 10)",
+        )
+        parser.add_argument("--start", type=cli.iso_date, default=DEFAULT_START.isoformat(), help="first day, YYYY-MM-DD (UTC)")
+        parser.add_argument("--days", type=cli.bounded_int(1, MAX_DAYS), default=365, help="number of days (default 365)")
+        parser.add_argument(
+            "--seed", type=cli.bounded_int(-(2**63), 2**63 - 1), default=1, help="random seed: the same seed gives the same data"
+        )
+        parser.add_argument(
+            "--member",
+            type=cli.field_text(User, "username"),
+            action="append",
+            default=[],
+            help="username to give access to every demo account",
+        )
         parser.add_argument("--truncate", action="store_true", help="remove all existing events first")
-        parser.add_argument("--actor", default=None, help="who grants access (default: $USER@cli)")
+        add_actor_argument(parser, "grants access")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["rows"] < 0:
-            raise CommandError("--rows cannot be negative.")
+        # Everything is checked before the first account is made: a typo in a name must not
+        # leave new accounts (or, with --truncate, no events) behind.
+        members = options["member"]
+        known = set(User.objects.filter(username__in=members).values_list("username", flat=True))
+        missing = [name for name in members if name not in known]
+        if missing:
+            raise CommandError(f"--member: user {missing[0]!r} does not exist.")
+        start = options["start"]
         try:
-            start = date.fromisoformat(options["start"])
-        except ValueError:
-            raise CommandError(f"--start {options['start']!r} is not a date (YYYY-MM-DD).") from None
+            start + timedelta(days=options["days"])
+        except OverflowError:
+            raise CommandError(f"--days: {options['days']} days from {start} go beyond the last date there is.") from None
         try:
             accounts = ensure_demo_accounts(count=options["accounts"])
-            for username in options["member"]:
+            for username in members:
                 for account in accounts:
                     grant_account_access(account_id=account.pk, username=username, actor=cli_actor(options["actor"]))
             if options["truncate"]:

@@ -6,10 +6,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from koala import cli
 from reviews.models import ReviewRequest, ReviewState
 from reviews.services import approve_review, reject_review
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor
+from workers.management.commands._common import add_actor_argument, cli_actor, id_of
 
 
 class Command(BaseCommand):
@@ -23,12 +24,13 @@ class Command(BaseCommand):
         listing = sub.add_parser("list", help="pending reviews, oldest first")
         listing.add_argument("--all", action="store_true", help="include decided, expired and used reviews")
         show = sub.add_parser("show", help="one review's redacted action")
-        show.add_argument("review_id", type=int)
+        show.add_argument("review_id", type=id_of(ReviewRequest))
         for name in ("approve", "reject"):
             decide = sub.add_parser(name, help=f"{name} a pending review")
-            decide.add_argument("review_id", type=int)
-            decide.add_argument("--comment", default="", help="required to reject")
-            decide.add_argument("--actor", default=None, help="who decides (default: $USER@cli)")
+            decide.add_argument("review_id", type=id_of(ReviewRequest))
+            # The review keeps at most this much of the comment; longer is refused, not cut.
+            decide.add_argument("--comment", type=cli.text(1000, allow_empty=True), default="", help="required to reject")
+            add_actor_argument(decide, "decides")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]

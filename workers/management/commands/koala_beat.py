@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
+from koala import cli
 from workers.dbsession import bound_sessions
 from workers.services.maintenance import dispatch, reap, safety_tick
 
@@ -40,16 +41,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--interval",
-            type=float,
+            # The setting's own floor; NaN would make every wait return at once (a busy loop).
+            type=cli.finite_float(0.05, 3600.0),
             default=settings.KOALA_BEAT_INTERVAL_SECONDS,
-            help="seconds between ticks (default KOALA_BEAT_INTERVAL_SECONDS)",
+            help="seconds between ticks, 0.05-3600 (default KOALA_BEAT_INTERVAL_SECONDS)",
         )
         parser.add_argument("--once", action="store_true", help="run one tick and exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
         interval = options["interval"]
-        if interval <= 0:
-            raise CommandError("--interval must be positive.")
         # The reaper takes over stale attempts' jobs: its sessions must never queue behind a
         # partitioned worker's transaction for long (workers/dbsession.py).
         bound_sessions()

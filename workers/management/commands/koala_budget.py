@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from koala import cli
+from workers import targets
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor
-from workers.models import Budget
+from workers.management.commands._common import add_actor_argument, cli_actor, scope_name
+from workers.models import Budget, ModelPrice
 from workers.services.budgets import LIMIT_FIELDS, create_budget, set_model_price, update_budget, usage_for
 
 _LIMIT_OPTIONS = {
@@ -18,9 +21,19 @@ _LIMIT_OPTIONS = {
 }
 
 
-def _limit(value: str) -> int | None:
-    """'none' or '' clears a limit; anything else must be a whole number (checked by the service)."""
-    return None if value.lower() in ("", "none") else value  # type: ignore[return-value]
+def _limit(field: str) -> cli.Parse:
+    """'none' or '' clears a limit; anything else is a whole number the limit's column holds."""
+    whole = cli.field_int(Budget, field, minimum=0)
+
+    def parse(text: str) -> int | None:
+        value = text.strip()
+        if value.lower() in ("", "none"):
+            return None
+        if value.startswith("-") and value[1:].isdigit():
+            raise argparse.ArgumentTypeError(f"cannot be negative (got {value}); 'none' removes the limit")
+        return int(whole(text))
+
+    return parse
 
 
 class Command(BaseCommand):
@@ -35,22 +48,24 @@ class Command(BaseCommand):
         sub.add_parser("list", help="budgets with today's usage")
         for name in ("create", "set"):
             cmd = sub.add_parser(name)
-            cmd.add_argument("name")
+            cmd.add_argument("name", type=cli.field_text(Budget, "name"))
             if name == "create":
-                cmd.add_argument("--scope", required=True, help="global, queue or kind")
-                cmd.add_argument("--target", default="", help="queue or kind name")
-                cmd.add_argument("--tenant", default="")
-                cmd.add_argument("--timezone", default="UTC")
-                cmd.add_argument("--currency", default="EUR")
+                cmd.add_argument("--scope", type=scope_name, required=True, help="global, queue or kind")
+                cmd.add_argument(
+                    "--target", type=cli.field_text(Budget, "target", allow_empty=True), default="", help="queue or kind name"
+                )
+                cmd.add_argument("--tenant", type=cli.field_text(Budget, "tenant", allow_empty=True), default="")
+                cmd.add_argument("--timezone", type=cli.time_zone, default="UTC")
+                cmd.add_argument("--currency", type=cli.field_text(Budget, "currency"), default="EUR")
             for field, flag in _LIMIT_OPTIONS.items():
-                cmd.add_argument(flag, dest=field, type=_limit, default=argparse_unset, help=f"{field} (none = no limit)")
+                cmd.add_argument(flag, dest=field, type=_limit(field), default=argparse_unset, help=f"{field} (none = no limit)")
             cmd.add_argument("--pause-on-exhaust", action="store_true", default=None)
-            cmd.add_argument("--actor", default=None)
+            add_actor_argument(cmd, "changes budgets")
         price = sub.add_parser("price", help="set a model's price in minor units per million tokens")
-        price.add_argument("model")
-        price.add_argument("input_per_mtok", type=int)
-        price.add_argument("output_per_mtok", type=int)
-        price.add_argument("--actor", default=None)
+        price.add_argument("model", type=cli.field_text(ModelPrice, "model"))
+        price.add_argument("input_per_mtok", type=cli.field_int(ModelPrice, "input_minor_per_mtok", minimum=0))
+        price.add_argument("output_per_mtok", type=cli.field_int(ModelPrice, "output_minor_per_mtok", minimum=0))
+        add_actor_argument(price, "sets prices")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -68,6 +83,10 @@ class Command(BaseCommand):
             else:
                 limits = {f: options[f] for f in LIMIT_FIELDS if options[f] is not argparse_unset}
                 if action == "create":
+                    try:
+                        targets.check_scope(options["scope"], options["target"])
+                    except SafetyError as exc:
+                        raise CommandError(f"--target: {exc}") from None
                     budget = create_budget(
                         name=options["name"],
                         scope=options["scope"],

@@ -4,32 +4,47 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from koala import cli
 from workers.errors import EnqueueError
-from workers.management.commands._common import cli_actor, parse_json_object
-from workers.services.jobs import enqueue
+from workers.management.commands._common import add_actor_argument, cli_actor, queue_name, registered_kind
+from workers.models import Job
+from workers.services.jobs import MAX_DELAY_SECONDS, MAX_INPUT_BYTES, enqueue
 
 
 class Command(BaseCommand):
     help = "Enqueue one job. Prints the job id. A reused --key with the same input returns the existing job."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("kind", help="registered job kind, e.g. noop")
-        parser.add_argument("--input", default="{}", help="JSON object with the job's input (references, not data)")
-        parser.add_argument("--key", default=None, help="idempotency key, unique per kind")
+        parser.add_argument("kind", type=registered_kind, help="registered job kind, e.g. noop")
         parser.add_argument(
-            "--kind-version", dest="kind_version", type=int, default=None, help="contract version (default: newest registered)"
+            "--input",
+            # The service bounds the stored (canonical) form; this bounds what is parsed at all.
+            type=cli.json_object(4 * MAX_INPUT_BYTES),
+            default="{}",
+            help="JSON object with the job's input (references, not data)",
         )
-        parser.add_argument("--queue", default=None, help="override the kind's queue")
-        parser.add_argument("--priority", type=int, default=0, help="higher runs first")
-        parser.add_argument("--delay", type=float, default=0.0, help="seconds before the job is due")
-        parser.add_argument("--actor", default=None, help="who enqueues (default: $USER@cli)")
+        parser.add_argument(
+            "--key", type=cli.field_text(Job, "idempotency_key"), default=None, help="idempotency key, unique per kind"
+        )
+        parser.add_argument(
+            "--kind-version",
+            dest="kind_version",
+            type=cli.field_int(Job, "version", minimum=1),
+            default=None,
+            help="contract version (default: newest registered)",
+        )
+        parser.add_argument("--queue", type=queue_name, default=None, help="override the kind's queue (a configured one)")
+        parser.add_argument("--priority", type=cli.field_int(Job, "priority"), default=0, help="higher runs first")
+        parser.add_argument(
+            "--delay", type=cli.finite_float(0.0, MAX_DELAY_SECONDS), default=0.0, help="seconds before the job is due"
+        )
+        add_actor_argument(parser, "enqueues")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        data = parse_json_object(options["input"], option="--input")
         try:
             result = enqueue(
                 kind=options["kind"],
-                input=data,
+                input=options["input"],
                 idempotency_key=options["key"],
                 version=options["kind_version"],
                 queue=options["queue"],

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from workers.management.commands._common import cli_actor, existing_job
+from workers.management.commands._common import add_actor_argument, cli_actor, existing_job, job_id
 from workers.selectors.jobs import job_for_person
 
 
@@ -13,9 +13,9 @@ class Command(BaseCommand):
     help = "Inspect one job and its attempts (input shown redacted). The read is audited."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("job_id", type=int)
+        parser.add_argument("job_id", type=job_id)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
-        parser.add_argument("--actor", default=None, help="who reads (default: $USER@cli)")
+        add_actor_argument(parser, "reads")
 
     def handle(self, *args: Any, **options: Any) -> None:
         # The job as every page shows it (a copy redacted with the job's context); the read is audited.

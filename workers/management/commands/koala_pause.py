@@ -6,9 +6,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from koala import cli
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor, scope_from_options
+from workers.management.commands._common import add_actor_argument, cli_actor, kind_name, queue_name, scope_from_options
 from workers.services.pauses import active_pauses, pause
+
+MAX_PAUSE_MINUTES = 366 * 24 * 60.0
 
 
 class Command(BaseCommand):
@@ -21,15 +24,25 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         where = parser.add_mutually_exclusive_group()
         where.add_argument("--global", dest="everything", action="store_true", help="pause everything")
-        where.add_argument("--queue", help="pause one queue")
-        where.add_argument("--kind", help="pause one job kind")
+        where.add_argument("--queue", type=queue_name, help="pause one (configured) queue")
+        where.add_argument("--kind", type=kind_name, help="pause one job kind (registered, or with jobs)")
         parser.add_argument("--mode", choices=["drain", "stop"], default="drain")
-        parser.add_argument("--reason", default="", help="why (required; shown on every admin page)")
-        parser.add_argument("--expires-in", type=float, default=None, metavar="MINUTES", help="lift automatically after this")
-        parser.add_argument("--actor", default=None, help="who pauses (default: $USER@cli)")
+        # The pause keeps at most this much of the reason (redacted); longer is refused, not cut.
+        parser.add_argument(
+            "--reason", type=cli.text(1000, allow_empty=True), default="", help="why (required; shown on every admin page)"
+        )
+        parser.add_argument(
+            "--expires-in",
+            type=cli.finite_float(0.0, MAX_PAUSE_MINUTES, above_minimum=True),
+            default=None,
+            metavar="MINUTES",
+            help="lift automatically after this (up to a year)",
+        )
+        add_actor_argument(parser, "pauses")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not (options["everything"] or options["queue"] or options["kind"]):
+        # A scope given as "" is refused by its type; only no scope at all lists the pauses.
+        if not options["everything"] and options["queue"] is None and options["kind"] is None:
             rows = active_pauses()
             if not rows:
                 self.stdout.write("nothing is paused")
@@ -40,8 +53,6 @@ class Command(BaseCommand):
                     f"at {row.created_at:%Y-%m-%d %H:%M:%SZ}{until}: {row.reason}"
                 )
             return
-        if options["expires_in"] is not None and options["expires_in"] <= 0:
-            raise CommandError("--expires-in must be a positive number of minutes.")
         scope, target = scope_from_options(options)
         expires = timezone.now() + timedelta(minutes=options["expires_in"]) if options["expires_in"] else None
         try:

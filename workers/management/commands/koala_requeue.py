@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workers.errors import JobStateError
-from workers.management.commands._common import cli_actor
+from workers.management.commands._common import add_actor_argument, cli_actor, job_id
 from workers.services.jobs import requeue_job
 
 
@@ -16,8 +16,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("job_id", type=int)
-        parser.add_argument("--actor", default=None, help="who requeues (default: $USER@cli)")
+        parser.add_argument("job_id", type=job_id)
+        add_actor_argument(parser, "requeues")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

@@ -4,8 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from koala import cli
 from workers.errors import SafetyError
-from workers.management.commands._common import cli_actor, scope_from_options
+from workers.management.commands._common import add_actor_argument, cli_actor, id_of, scope_from_options
 from workers.models import Pause
 from workers.services.pauses import active_pauses, resume
 
@@ -15,12 +16,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         where = parser.add_mutually_exclusive_group(required=True)
-        where.add_argument("pause_id", nargs="?", type=int, help="the pause's id (koala_pause lists them)")
+        where.add_argument("pause_id", nargs="?", type=id_of(Pause), help="the pause's id (koala_pause lists them)")
         where.add_argument("--global", dest="everything", action="store_true")
-        where.add_argument("--queue")
-        where.add_argument("--kind")
-        parser.add_argument("--note", default="", help="why it is safe to resume (audited)")
-        parser.add_argument("--actor", default=None, help="who resumes (default: $USER@cli)")
+        # Any name a pause may hold (a retired queue's pause must stay liftable); "not paused" otherwise.
+        where.add_argument("--queue", type=cli.field_text(Pause, "target"))
+        where.add_argument("--kind", type=cli.field_text(Pause, "target"))
+        # The audit row keeps at most this much of the note; longer is refused, not cut.
+        parser.add_argument("--note", type=cli.text(500, allow_empty=True), default="", help="why it is safe to resume (audited)")
+        add_actor_argument(parser, "resumes")
 
     def handle(self, *args: Any, **options: Any) -> None:
         pause_id = options["pause_id"]

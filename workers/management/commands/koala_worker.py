@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -10,9 +11,21 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rq.worker_pool import WorkerPool
 
+from koala import cli
 from workers import doorbell
 from workers.dbsession import bound_sessions
-from workers.rq_workers import WORKER_CLASSES, WorkerNameInUse, default_worker_name
+from workers.management.commands._common import queue_list
+from workers.models import WorkerProcess
+from workers.rq_workers import WORKER_CLASSES, WorkerNameInUse, check_worker_name, default_worker_name
+
+
+def _worker_name(value: str) -> str:
+    """A name django-rq's pages can link to (rq_workers.check_worker_name), checked before anything registers."""
+    name = cli.field_text(WorkerProcess, "name")(value)
+    problem = check_worker_name(name)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return name
 
 
 class Command(BaseCommand):
@@ -22,18 +35,30 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queues", default=",".join(settings.RQ_QUEUES), help="comma-separated, in priority order")
-        parser.add_argument("--name", default=None, help="worker name (default: host.pid); must be unique while running")
+        parser.add_argument(
+            "--queues",
+            type=queue_list,
+            default=",".join(settings.RQ_QUEUES),
+            help="configured queues (KOALA_QUEUES), comma-separated, in priority order (default: all)",
+        )
+        parser.add_argument(
+            "--name",
+            type=_worker_name,
+            default=None,
+            help="worker name (default: host.pid); must be unique while running",
+        )
         parser.add_argument(
             "--worker-class",
             choices=sorted(WORKER_CLASSES),
             default="simple",
             help="simple: run bodies in this process (fastest); fork: a fresh process per wake (isolation)",
         )
-        parser.add_argument("--pool", type=int, default=1, help="number of worker processes (RQ WorkerPool when > 1)")
+        parser.add_argument(
+            "--pool", type=cli.bounded_int(1, 64), default=1, help="number of worker processes, 1-64 (RQ WorkerPool when > 1)"
+        )
         parser.add_argument(
             "--shutdown-deadline",
-            type=float,
+            type=cli.finite_float(0.0, 86_400.0),
             default=None,
             help="seconds a running job gets after SIGTERM before it is released "
             f"(default KOALA_SHUTDOWN_DEADLINE_SECONDS={settings.KOALA_SHUTDOWN_DEADLINE_SECONDS:g})",
@@ -41,18 +66,14 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        queues: list[str] = options["queues"]
+        if options["pool"] > 1 and options["name"]:
+            raise CommandError("--name cannot be combined with --pool; pool workers name themselves.")
         # A write to a pipe whose reader is gone must raise (and be dropped by the log handler),
         # never kill the worker before it stops gracefully and records the stop. Python ignores
         # SIGPIPE at start-up; say so here rather than depend on how we were started.
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
-        if not queues:
-            raise CommandError("--queues needs at least one queue name.")
-        if options["pool"] < 1 or options["pool"] > 64:
-            raise CommandError("--pool must be between 1 and 64.")
         deadline = options["shutdown_deadline"]
-        if deadline is not None and deadline < 0:
-            raise CommandError("--shutdown-deadline cannot be negative.")
         worker_class = WORKER_CLASSES[options["worker_class"]]
         # Every session of this process (and of pool children and fork horses, which inherit
         # the receiver) bounds its waits below the lease: see workers/dbsession.py.
@@ -65,8 +86,6 @@ class Command(BaseCommand):
             raise CommandError(f"cannot reach Redis at REDIS_URL: {type(exc).__name__}: {exc}") from None
         level = logging.getLevelName(logging.getLogger().level)
         if options["pool"] > 1:
-            if options["name"]:
-                raise CommandError("--name cannot be combined with --pool; pool workers name themselves.")
             pool = WorkerPool(queues, connection=connection, num_workers=options["pool"], worker_class=worker_class)
             pool.start(burst=options["burst"], logging_level=level)
             return
