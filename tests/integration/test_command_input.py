@@ -44,7 +44,7 @@ from workers.services.jobs import enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-KOALA_APPS = ("koala", "workers", "reviews", "console", "exports")
+KOALA_APPS = ("koala", "workers", "effects", "reviews", "console", "exports", "devtools")
 # Options every Django command has; Koala's table covers the ones Koala's commands define.
 DJANGO_DESTS = {"help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
 
