@@ -56,7 +56,7 @@ def _with_job_outcome(exports: QuerySet[Export]) -> QuerySet[Export]:
 def _as_settled(export: Export) -> Export:
     """``export`` as settle_exports will store it: a queued or running export whose job failed
     or was cancelled takes the job's outcome (in memory only: never saved). Keep in step with
-    exports.query._SETTLE_EXPORTS (tests/exports/test_export_reads.py compares the two)."""
+    exports.query._SETTLE_EXPORTS (tests/integration/test_exports_reads.py compares the two)."""
     job_state = getattr(export, "job_state_now", None)
     if export.state in _UNSETTLED and job_state in _ENGINE_ENDED:
         export.state = job_state

@@ -1,4 +1,4 @@
-"""Fixtures shared by the integration and acceptance tiers (real PostgreSQL and Redis)."""
+"""Fixtures shared by every tier (the integration and acceptance tiers use real PostgreSQL and Redis)."""
 
 from __future__ import annotations
 
@@ -125,3 +125,13 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+# -- fixtures every tier sees ------------------------------------------------------------------
+# Imported here (pytest collects fixtures a conftest imports), after worker_env and the rest,
+# which these modules import back from this one. A module's own fixture of the same name wins
+# (tests/browser/test_console_browser.py's "people", tests/integration/test_command_input.py's
+# "export_root").
+from tests.support.console import clients, role_users  # noqa: E402, F401
+from tests.support.effects import provider, smtp_sink  # noqa: E402, F401
+from tests.support.exports import export_env, export_root, faults, people  # noqa: E402, F401

@@ -268,7 +268,7 @@ job_kind("tests.steady", version=1, queue="default", max_attempts=3, timeout_sec
 
 
 def _leaky_body(ctx: JobContext, data: dict[str, Any]) -> None:
-    """Repeats what it was given everywhere a careless body would (tests/console/test_crawl.py):
+    """Repeats what it was given everywhere a careless body would (tests/acceptance/test_console_crawl.py):
     an operation's parameters, target and result, and the error message it fails with."""
     from workers.ledger import OperationResult
 

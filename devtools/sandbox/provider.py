@@ -2,7 +2,7 @@
 
 A real HTTP server (stdlib ``ThreadingHTTPServer``), so Koala's provider clients run their real
 code: sockets, timeouts, status codes, headers. Run it in a thread (``FakeProvider``, the
-``provider`` fixture in tests/effects/conftest.py) or as a process that worker subprocesses,
+``provider`` fixture in tests/support/effects.py) or as a process that worker subprocesses,
 restarts and the demo can share::
 
     python -m devtools.sandbox.provider --port 8765 --state /tmp/provider.jsonl [--api-key KEY]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from tests.acceptance.support import descendants, free_port, kill_if_ours
+from tests.support.fleet import descendants, free_port, kill_if_ours
 from workers import doorbell
 
 

@@ -17,7 +17,9 @@ from datetime import datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
-from tests.acceptance.support import (
+from tests.conftest import wait_for, worker_env
+from tests.inprocess import beat_tick
+from tests.support.fleet import (
     assert_engine_invariants,
     attempts,
     ends,
@@ -37,8 +39,6 @@ from tests.acceptance.support import (
     wait_state,
     wait_workers_ready,
 )
-from tests.conftest import wait_for, worker_env
-from tests.inprocess import beat_tick
 from workers import doorbell, kinds
 from workers.errors import Rejection
 from workers.models import Attempt, FailureReason, Job, Outcome, WorkerProcess

@@ -21,10 +21,10 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from tests.acceptance.support import attempts, job, rq_workers, wait_state, wait_workers_ready
 from tests.conftest import wait_for, worker_env
 from tests.fakes.netproxy import FaultProxy
 from tests.kinds import effect_lines, world_effects
+from tests.support.fleet import attempts, job, rq_workers, wait_state, wait_workers_ready
 from workers.models import JobState, Operation, Outcome
 from workers.services.jobs import enqueue
 from workers.services.maintenance import ReapReport, reap

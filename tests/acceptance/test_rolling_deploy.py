@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.acceptance.support import assert_engine_invariants, attempts, lines, rq_workers, wait_state, wait_workers_ready
 from tests.conftest import wait_for, worker_env
+from tests.support.fleet import assert_engine_invariants, attempts, lines, rq_workers, wait_state, wait_workers_ready
 from workers.models import Attempt, Job, Outcome
 from workers.services.jobs import enqueue
 

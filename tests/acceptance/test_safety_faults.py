@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.support import assert_engine_invariants, ends, ring_for, starts, wait_quiet, wait_workers_ready
 from tests.conftest import wait_for
 from tests.inprocess import beat_tick
 from tests.kinds import world_effects
+from tests.support.fleet import assert_engine_invariants, ends, ring_for, starts, wait_quiet, wait_workers_ready
 from workers.models import Attempt, BudgetUsage, Job, Operation, Pause
 from workers.services import budgets, pauses
 from workers.services.jobs import JobSpec, enqueue, enqueue_many

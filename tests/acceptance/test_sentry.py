@@ -15,10 +15,10 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from tests.acceptance.support import free_port, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for, worker_env
 from tests.fakes.sentry import FakeSentry
 from tests.planted import Planted, planted
+from tests.support.fleet import free_port, wait_state, wait_workers_ready
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 

@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 from console.selectors.dashboard import worker_health
-from tests.acceptance.support import wait_exit, wait_start, wait_workers_ready
 from tests.conftest import wait_for
+from tests.support.fleet import wait_exit, wait_start, wait_workers_ready
 from workers.models import WorkerExit, WorkerProcess
 from workers.services.jobs import enqueue
 

@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 from rq import Worker as RQWorker
 
-from tests.acceptance.support import attempts, rq_workers, wait_exit, wait_start, wait_workers_ready
 from tests.conftest import wait_for
+from tests.support.fleet import attempts, rq_workers, wait_exit, wait_start, wait_workers_ready
 from workers import doorbell
 from workers.services.jobs import enqueue
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.support import attempts, ends, free_port, job, wait_exit, wait_start, wait_workers_ready
 from tests.conftest import REPO, wait_for, worker_env
+from tests.support.fleet import attempts, ends, free_port, job, wait_exit, wait_start, wait_workers_ready
 from workers.models import Outcome, WorkerExit, WorkerProcess
 from workers.services.jobs import enqueue
 

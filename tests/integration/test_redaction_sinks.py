@@ -21,9 +21,9 @@ from django.test import Client
 
 from koala.redaction import MASK
 from reviews.models import ReviewRequest
-from tests.console.conftest import ensure_roles, make_user
 from tests.inprocess import drain, run_until
 from tests.planted import Planted, planted
+from tests.support.console import ensure_roles, make_user
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 

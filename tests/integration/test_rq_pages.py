@@ -15,9 +15,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.acceptance.support import rq_workers, wait_workers_ready
-from tests.console.conftest import ensure_roles, make_user
 from tests.links import page_links
+from tests.support.console import ensure_roles, make_user
+from tests.support.fleet import rq_workers, wait_workers_ready
 from workers import doorbell
 from workers.models import WorkerProcess
 from workers.rq_workers import InvalidWorkerName, KoalaSimpleWorker, check_worker_name

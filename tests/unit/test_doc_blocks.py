@@ -1,4 +1,4 @@
-"""The documents' command blocks are either run by tests/demo/test_doc_commands.py or marked,
+"""The documents' command blocks are either run by tests/acceptance/test_demo_doc_commands.py or marked,
 with a reason, as not run; the block reader reads them as a person would; the README's
 screenshots are the browser tests'."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.demo.doc_commands import MARKER, REPO, all_blocks, blocks, steps
+from tests.support.doc_commands import MARKER, REPO, all_blocks, blocks, steps
 
 # The blocks not run against the demo, each with its reason in the document. Keep it short.
 NOT_RUN_AT_MOST = 3
@@ -62,5 +62,5 @@ def test_the_readmes_screenshots_exist_and_are_taken_by_the_browser_tests() -> N
     shown = re.findall(r"!\[[^\]]*\]\(docs/screenshots/([\w-]+)\.png\)", readme)
     assert shown, "the README shows screenshots"
     assert sorted(shown) == sorted(p.stem for p in (REPO / "docs" / "screenshots").glob("*.png"))
-    taken = set(re.findall(r'\.shot\("([\w-]+)"\)', (REPO / "tests" / "console" / "test_browser.py").read_text()))
+    taken = set(re.findall(r'\.shot\("([\w-]+)"\)', (REPO / "tests" / "browser" / "test_console_browser.py").read_text()))
     assert set(shown) <= taken, set(shown) - taken

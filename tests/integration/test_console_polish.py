@@ -17,8 +17,8 @@ from django.test import Client
 from django.utils import timezone
 
 from devtools.sandbox.provider import FakeProvider
-from tests.console.scenarios import pending_review, uncertain_charge
 from tests.inprocess import run_until
+from tests.support.console_scenarios import pending_review, uncertain_charge
 from workers.models import Attempt, Job, Operation, WorkerProcess
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue

@@ -15,10 +15,10 @@ from django.contrib.auth.models import User
 
 from devtools.sandbox.provider import FakeProvider
 from exports.models import Account
-from tests.console.conftest import ensure_roles
-from tests.demo.support import demo_env, manage
-from tests.effects.conftest import PROVIDER_API_KEY
 from tests.inprocess import run_until
+from tests.support.console import ensure_roles
+from tests.support.demo import demo_env, manage
+from tests.support.effects import PROVIDER_API_KEY
 from workers.models import Job, Operation
 from workers.services.operations import needing_attention, resolve_operation
 

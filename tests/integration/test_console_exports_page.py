@@ -18,8 +18,9 @@ from django.test import Client
 from exports.models import Export, ExportState
 from exports.services import cancel_export, grant_account_access
 from koala.models import AuditEvent
-from tests.console.scenarios import failed_job_with_secrets
-from tests.exports.conftest import People, drain_exports, load_events, request
+from tests.inprocess import run_export
+from tests.support.console_scenarios import failed_job_with_secrets
+from tests.support.exports import People, load_events, request
 from workers.models import Job
 
 # Plain django_db for the page and its actions; the tests that run an export's job are marked
@@ -49,7 +50,7 @@ def logged_in(user: User) -> Client:
 @pytest.fixture
 def succeeded(people: People, export_root: Path, redis_clean: None) -> Export:
     load_events(people.acme, rows=2_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     assert done.state == ExportState.SUCCEEDED, (done.failure_code, done.error_message)
     return done
 
@@ -58,7 +59,7 @@ def succeeded(people: People, export_root: Path, redis_clean: None) -> Export:
 def test_the_page_lists_the_newest_exports_with_their_records_redacted(
     succeeded: Export, people: People, clients: dict[str, Client]
 ) -> None:
-    failed = drain_exports(request(people, max_rows=10).pk)
+    failed = run_export(request(people, max_rows=10).pk)
     assert (failed.state, failed.failure_code) == (ExportState.FAILED, "row_limit_exceeded")
     cancelled = request(people)
     cancel_export(export_id=cancelled.pk, user=people.alice, reason=f"wrong range, see {TOKEN}")
@@ -121,7 +122,7 @@ def test_every_role_reads_the_page_and_nobody_else_does(
 def test_download_is_offered_only_to_people_the_export_services_let_download(
     succeeded: Export, people: People, clients: dict[str, Client], role_users: dict[str, User]
 ) -> None:
-    failed = drain_exports(request(people, max_rows=10).pk)
+    failed = run_export(request(people, max_rows=10).pk)
     url = download_url(succeeded)
     # Olga operates the console but is no member of acme; Aude audits and is one; root is a superuser.
     grant_account_access(account_id=people.acme.pk, username="aude", actor="setup")
@@ -214,7 +215,7 @@ def test_export_jobs_are_not_offered_retry_and_the_server_refuses_it(
     people: People, export_root: Path, clients: dict[str, Client], redis_clean: None
 ) -> None:
     load_events(people.acme, rows=500)
-    failed = drain_exports(request(people, max_rows=10).pk)
+    failed = run_export(request(people, max_rows=10).pk)
     export_job = failed.job_id
     assert export_job is not None and Job.objects.get(pk=export_job).state == "failed"
     other = failed_job_with_secrets().pk  # an ordinary failed job: still retried
@@ -285,7 +286,7 @@ def test_a_member_requests_an_export_from_the_exports_page(
     assert audit.actor == "alice" and audit.details["account"] == "acme"
     # The export runs like any other: its member downloads it.
     load_events(people.acme, rows=100)
-    assert drain_exports(export.pk).state == ExportState.SUCCEEDED
+    assert run_export(export.pk).state == ExportState.SUCCEEDED
     assert alice.get(download_url(export)).status_code == 200
 
 

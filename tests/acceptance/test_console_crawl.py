@@ -47,11 +47,11 @@ from exports.models import Export, ExportState
 from exports.services import cancel_export, grant_account_access
 from reviews.models import ReviewRequest
 from reviews.services import approve_review, reject_review
-from tests.acceptance.support import wait_workers_ready
-from tests.console.scenarios import shop, uncertain_charge
-from tests.exports.conftest import People, drain_exports, load_events, request
-from tests.inprocess import run_until
+from tests.inprocess import run_export, run_until
 from tests.links import page_links
+from tests.support.console_scenarios import shop, uncertain_charge
+from tests.support.exports import People, load_events, request
+from tests.support.fleet import wait_workers_ready
 from workers.models import Budget, Job
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import cancel_job, enqueue
@@ -214,10 +214,10 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
     # Exports: succeeded (Aude is a member of acme too), lost from storage, failed, cancelled with a reason, queued.
     grant_account_access(account_id=people.acme.pk, username="aude", actor="root")
     load_events(people.acme, rows=300)
-    assert drain_exports(request(people).pk).state == ExportState.SUCCEEDED
-    lost = drain_exports(request(people).pk)
+    assert run_export(request(people).pk).state == ExportState.SUCCEEDED
+    lost = run_export(request(people).pk)
     (export_root / lost.output_key).unlink()
-    assert drain_exports(request(people, max_rows=10).pk).state == ExportState.FAILED
+    assert run_export(request(people, max_rows=10).pk).state == ExportState.FAILED
     cancel_export(export_id=request(people).pk, user=people.alice, reason=f"wrong range, see {text}")
     request(people, user=people.bob, account_id=people.globex.pk)
 

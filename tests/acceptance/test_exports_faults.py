@@ -1,6 +1,6 @@
 """Export faults with real worker subprocesses, real PostgreSQL, Redis and file systems.
 
-The workers load tests.exports.faults, which only *delays* the body at the points it announces
+The workers load tests.support.export_faults, which only *delays* the body at the points it announces
 (between batches, at each phase) and logs them: the outside record the assertions use along
 with database rows and the files in the storage folder. Timings come from tests.conftest.worker_env
 (lease 3 s, heartbeat 0.5 s, beat every 0.2 s) and KOALA_EXPORT_BATCH_ROWS=5000.
@@ -20,9 +20,9 @@ import pytest
 
 from exports.models import Export, ExportState
 from exports.services import cancel_export
-from tests.acceptance.support import attempts, is_alive, wait_all_terminal, wait_quiet, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
-from tests.exports.conftest import Faults, People, direct_copy, load_events, published, request, sha256, temp_files
+from tests.support.exports import Faults, People, direct_copy, load_events, published, request, sha256, temp_files
+from tests.support.fleet import attempts, is_alive, wait_all_terminal, wait_quiet, wait_state, wait_workers_ready
 from workers.models import Job, Operation
 from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue

@@ -3,7 +3,7 @@
 The demo is made as ``make run`` makes it: ``koala_demo`` with make run's settings (DEBUG, the
 default kinds, the sandbox provider's URL and port: the loopback provider here), then a worker
 drains what is due (``koala_worker --burst``, make run's worker serving every queue). Then each
-runnable block (tests/demo/doc_commands.py says which, and how a transcript is read) runs in
+runnable block (tests/support/doc_commands.py says which, and how a transcript is read) runs in
 bash, in document order (README.md, then docs/*.md by name), from the checkout, with
 ``manage.py`` and ``./manage.py`` being the project's manage.py on the test database: a script
 block stops at its first failing command; a transcript checks each command's exit status and
@@ -20,10 +20,10 @@ import pytest
 
 from devtools.sandbox.provider import FakeProvider
 from reviews.models import ReviewRequest
-from tests.console.conftest import ensure_roles
-from tests.demo.doc_commands import REPO, Block, all_blocks, steps
-from tests.demo.support import demo_env, manage
-from tests.effects.conftest import PROVIDER_API_KEY
+from tests.support.console import ensure_roles
+from tests.support.demo import demo_env, manage
+from tests.support.doc_commands import REPO, Block, all_blocks, steps
+from tests.support.effects import PROVIDER_API_KEY
 from workers.services.operations import needing_attention
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, reset_sequences=True)]

@@ -18,8 +18,8 @@ from devtools.sandbox.provider import FakeProvider, ProviderControl
 from effects.providers import email, models, payments
 from effects.providers.http import retry_after_seconds
 from tests.conftest import REPO, wait_for
-from tests.effects.conftest import PROVIDER_API_KEY
 from tests.fakes.smtp import SmtpSink, free_port
+from tests.support.effects import PROVIDER_API_KEY
 from workers.errors import Declined, NotPerformed, OutcomeUnknown
 from workers.ledger import Miss, Processing
 

@@ -30,11 +30,11 @@ from django.urls import Resolver404, resolve
 from devtools.sandbox.provider import FakeProvider
 from exports.models import Account, ExportState
 from exports.services import cancel_export, grant_account_access, request_export
-from tests.acceptance.support import wait_workers_ready
-from tests.console.conftest import PASSWORD
-from tests.console.scenarios import pending_review, shop, uncertain_charge
-from tests.exports.conftest import YEAR, drain_exports, load_events
-from tests.inprocess import run_until
+from tests.inprocess import run_export, run_until
+from tests.support.console import PASSWORD
+from tests.support.console_scenarios import pending_review, shop, uncertain_charge
+from tests.support.exports import YEAR, load_events
+from tests.support.fleet import wait_workers_ready
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import cancel_job, enqueue
 from workers.services.pauses import pause, resume
@@ -91,8 +91,8 @@ def seed(provider: FakeProvider, settings: Any, export_root: Path) -> User:
     def export(**options: Any) -> int:
         return request_export(user=viewer, account_id=account.pk, date_from=YEAR[0], date_to=YEAR[1], **options).pk
 
-    assert drain_exports(export()).state == ExportState.SUCCEEDED
-    assert drain_exports(export(max_rows=10)).state == ExportState.FAILED
+    assert run_export(export()).state == ExportState.SUCCEEDED
+    assert run_export(export(max_rows=10)).state == ExportState.FAILED
     cancel_export(export_id=export(), user=viewer, reason=LONG_TEXT)
     export()
     return viewer

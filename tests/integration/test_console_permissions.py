@@ -14,7 +14,7 @@ from django.test import Client
 from devtools.sandbox.provider import FakeProvider
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
-from tests.console.scenarios import BEARER, CARD, failed_job_with_secrets, pending_review, uncertain_charge
+from tests.support.console_scenarios import BEARER, CARD, failed_job_with_secrets, pending_review, uncertain_charge
 from workers.models import Budget, Job, ModelPrice, Operation, Pause
 from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue

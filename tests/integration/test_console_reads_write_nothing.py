@@ -18,8 +18,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from devtools.sandbox.provider import FakeProvider
-from tests.console.scenarios import failed_job_with_secrets, pending_review, uncertain_charge
-from tests.exports.conftest import People, request
+from tests.support.console_scenarios import failed_job_with_secrets, pending_review, uncertain_charge
+from tests.support.exports import People, request
 from workers.services.budgets import create_budget
 from workers.services.jobs import cancel_job, enqueue
 from workers.services.pauses import pause

@@ -60,5 +60,5 @@ def on_phase(sender: object, *, export_id: int, attempt: int, phase: str, **_: A
         time.sleep(float(config.get("pause_seconds", 60)))
 
 
-export_batch.connect(on_batch, dispatch_uid="tests.exports.faults.batch")
-export_phase.connect(on_phase, dispatch_uid="tests.exports.faults.phase")
+export_batch.connect(on_batch, dispatch_uid="tests.support.export_faults.batch")
+export_phase.connect(on_phase, dispatch_uid="tests.support.export_faults.phase")

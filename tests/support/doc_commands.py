@@ -1,6 +1,6 @@
 """The shell commands of README.md and docs/*.md, as a reader would copy them.
 
-A fenced block labelled ``sh`` or ``bash`` is run (tests/demo/test_doc_commands.py), unless its
+A fenced block labelled ``sh`` or ``bash`` is run (tests/acceptance/test_demo_doc_commands.py), unless its
 first line is the marker ``# doc-test: not run: <why>`` (the reason is required, and the list
 of such blocks is kept short: tests/unit/test_doc_blocks.py prints it). Any other block that
 holds a Koala command (``manage.py …``, ``./manage.py …``, ``make manage …``) is an error: a

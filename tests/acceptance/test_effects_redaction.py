@@ -1,15 +1,10 @@
-"""Issue 3, test 9: secrets planted in a job's input, in the provider's error messages and in
-the provider's answers never reach Koala's records, its log output or ``koala_reviews``.
-
-A real worker subprocess runs the jobs (so "log output" is what a deployed worker prints, at
-DEBUG level), against the loopback provider. The test first proves the secrets were really
-there to leak: the provider received them and the job input holds them.
-"""
+"""Issue 3, test 9, with a real worker subprocess: secrets planted in a job's input, in the
+provider's error messages and in its answers never reach Koala's records, the worker's log output
+(at DEBUG level) or koala_reviews (tests/integration/test_effects_redaction.py has the in-process cases)."""
 
 from __future__ import annotations
 
 import json
-import logging
 from io import StringIO
 
 import pytest
@@ -18,17 +13,16 @@ from django.core.management import call_command
 from devtools.sandbox.provider import FakeProvider
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
-from tests.acceptance.support import wait_state, wait_workers_ready
-from tests.effects.conftest import PROVIDER_API_KEY, effects_env
-from tests.inprocess import drain, run_until
-from tests.planted import planted
+from tests.integration.test_effects_redaction import TOKEN
+from tests.support.effects import PROVIDER_API_KEY, effects_env
+from tests.support.fleet import wait_state, wait_workers_ready
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 
-# transaction=True: a real worker subprocess (and, in-process, the runtime: tests/inprocess.py) needs committed rows.
+# transaction=True: a real worker subprocess needs committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TOKEN = "tok_live_Q7w8E9r0T1y2U3i4"  # credential-shaped
+
 CARD = "4242 4242 4242 4242"  # passes the Luhn check, like a real card number
 NEEDLES = (TOKEN, CARD, CARD.replace(" ", ""), PROVIDER_API_KEY)
 
@@ -120,49 +114,3 @@ def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_review
     # The worker did log the provider's failures (with their secret-bearing messages), masked: the
     # message echoes the whole description, a declared-sensitive value, so all of it is masked.
     assert "upstream failed for [redacted];" in logs and "card_declined" in logs
-
-
-def test_an_operation_target_is_stored_redacted(provider: FakeProvider, redis_clean: None) -> None:
-    job_id = enqueue(
-        kind="shop.order_and_charge", input={"reference": f"o-11 {TOKEN}", "amount_minor": 900, "currency": "EUR"}
-    ).job_id
-    drain(job_id=job_id)
-    targets = list(Operation.objects.filter(job_id=job_id).values_list("target", flat=True))
-    assert len(targets) == 2
-    assert all(TOKEN not in target and "[redacted]" in target for target in targets), targets
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-def test_the_provider_client_logs_no_provider_text_unmasked(provider: FakeProvider, redis_clean: None) -> None:
-    """The payment client logs a failed call at WARNING; the provider's message (here it echoes
-    the job's sensitive description) reaches no handler unmasked: not Koala's (filtered), not one
-    a deployer adds to the client's own logger (which runs before any filter on the root)."""
-    secrets = planted()
-    direct, root = _Lines(), _Lines()
-    providers = logging.getLogger("koala.providers")
-    providers.addHandler(direct)
-    logging.getLogger().addHandler(root)
-    description = f"gift for {secrets.declared}: {secrets.prompt[:60]}"
-    try:
-        provider.fault("5xx", resource="orders", status=500, message=f"upstream failed for {description}", times=1)
-        job_id = enqueue(
-            kind="shop.order_and_charge",
-            input={"reference": "o-1", "amount_minor": 900, "currency": "EUR", "description": description},
-        ).job_id
-        run_until(job_id, "succeeded")
-    finally:
-        providers.removeHandler(direct)
-        logging.getLogger().removeHandler(root)
-    assert any("orders" in line and "500" in line for line in direct.lines), direct.lines
-    for lines in (direct.lines, root.lines):
-        text = "\n".join(lines)
-        assert secrets.declared not in text and secrets.prompt[:30] not in text, text
-        assert PROVIDER_API_KEY not in text

@@ -21,7 +21,6 @@ from exports.models import Account, Export
 from exports.services import request_export
 from exports.streaming import connection_params
 from tests.conftest import worker_env
-from tests.inprocess import run_export
 
 # The export's query, written out here rather than imported, so the tests check the job
 # against SQL they state themselves.
@@ -32,7 +31,7 @@ SOURCE_SQL = (
     "TO STDOUT WITH (FORMAT csv, HEADER)"
 )
 YEAR = (date(2026, 1, 1), date(2026, 12, 31))
-FAULTS_MODULES = "workers.builtin_kinds,tests.kinds,exports.jobs,tests.exports.faults"
+FAULTS_MODULES = "workers.builtin_kinds,tests.kinds,exports.jobs,tests.support.export_faults"
 
 
 @dataclass
@@ -110,14 +109,9 @@ def temp_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "tmp").rglob("*") if p.is_file()) if (root / "tmp").exists() else []
 
 
-# The in-process drain of an export's job lives with the other in-process helpers; this name
-# stays for the export tests that import it from here.
-drain_exports = run_export
-
-
 @dataclass
 class Faults:
-    """The instruction file that tests.exports.faults follows inside the workers."""
+    """The instruction file that tests.support.export_faults follows inside the workers."""
 
     path: Path
     log: Path

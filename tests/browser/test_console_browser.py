@@ -20,12 +20,13 @@ from exports.models import Account, Export, ExportState
 from exports.services import grant_account_access
 from koala.models import AuditEvent
 from reviews.models import ReviewRequest
-from tests.acceptance.support import ring_for, wait_quiet, wait_state, wait_workers_ready
 from tests.conftest import Processes, wait_for
-from tests.console.conftest import PASSWORD, effects_env, make_user
-from tests.console.scenarios import BEARER, CARD
-from tests.exports.conftest import drain_exports, load_events
-from tests.inprocess import beat_tick
+from tests.inprocess import beat_tick, run_export
+from tests.support.console import PASSWORD, make_user
+from tests.support.console_scenarios import BEARER, CARD
+from tests.support.effects import effects_env
+from tests.support.exports import load_events
+from tests.support.fleet import ring_for, wait_quiet, wait_state, wait_workers_ready
 from workers.models import Attempt, BudgetUsage, Job, JobState, Operation
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import enqueue
@@ -340,7 +341,7 @@ def test_a_member_requests_an_export_in_the_browser_and_downloads_it(
     assert ana.page.locator(f"#export-list tr[data-export='{export.pk}']").get_attribute("data-state") == "queued"
     assert AuditEvent.objects.filter(action="export.request", actor="alice", target_id=str(export.pk)).exists()
 
-    done = drain_exports(export.pk)  # the exports queue's worker, in this process
+    done = run_export(export.pk)  # the exports queue's worker, in this process
     assert done.state == ExportState.SUCCEEDED
     ana.go("/admin/console/exports/")
     row = ana.page.locator(f"#export-list tr[data-export='{export.pk}']")

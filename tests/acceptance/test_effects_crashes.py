@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from devtools.sandbox.provider import FakeProvider
-from tests.acceptance.support import assert_engine_invariants, attempts, wait_state, wait_workers_ready
 from tests.conftest import wait_for
-from tests.effects.conftest import effects_env
 from tests.fakes.smtp import SmtpSink
+from tests.support.effects import effects_env
+from tests.support.fleet import assert_engine_invariants, attempts, wait_state, wait_workers_ready
 from workers.models import Job, Operation
 from workers.services import budgets, operations
 from workers.services.jobs import JobSpec, enqueue, enqueue_many

@@ -21,7 +21,8 @@ from exports.models import Export, ExportState
 from exports.selectors import get_export
 from exports.services import cancel_export, open_download, request_export, settle_exports
 from koala.models import AuditEvent
-from tests.exports.conftest import People, drain_exports, load_events, request
+from tests.inprocess import run_export
+from tests.support.exports import People, load_events, request
 from workers.models import Job
 from workers.services.jobs import cancel_job
 
@@ -43,7 +44,7 @@ def test_outsider_can_neither_create_nor_download(people: People, export_root: P
     assert not Export.objects.exists() and not Job.objects.exists(), "a refused request leaves nothing behind"
 
     load_events(people.acme, rows=2_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     assert done.state == ExportState.SUCCEEDED
     client = Client()
 
@@ -74,7 +75,7 @@ def test_member_and_superuser_download_the_published_object(
     people: People, export_root: Path, redis_clean: None, who: str
 ) -> None:
     load_events(people.acme, rows=3_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     client = Client()
     client.force_login(getattr(people, who))
     response = download(client, done)
@@ -96,7 +97,7 @@ def test_a_published_export_whose_object_is_gone_answers_410(
 ) -> None:
     """Storage lost the object (deleted by hand, a bucket lifecycle rule): a clear 410, never a 500."""
     load_events(people.acme, rows=500)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     (export_root / done.output_key).unlink()
     client = Client(raise_request_exception=False)
     client.force_login(getattr(people, who))
@@ -247,8 +248,8 @@ def test_failed_export_stays_inspectable_in_the_admin_without_customer_data(
     people: People, export_root: Path, redis_clean: None
 ) -> None:
     load_events(people.acme, rows=3_000)
-    failed = drain_exports(request(people, max_rows=1_000).pk)
-    done = drain_exports(request(people).pk)
+    failed = run_export(request(people, max_rows=1_000).pk)
+    done = run_export(request(people).pk)
     client = Client()
     client.force_login(people.root)
     listing = client.get("/admin/exports/export/")

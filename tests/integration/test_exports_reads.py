@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from exports.models import Export, ExportState
 from exports.selectors import describe_export, get_export, latest_exports
-from tests.exports.conftest import People, request
+from tests.support.exports import People, request
 from workers.models import FailureReason
 from workers.services import leases
 from workers.services.jobs import cancel_job

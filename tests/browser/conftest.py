@@ -1,9 +1,8 @@
-"""Fixtures for the console tests: one staff user per role, logged-in clients, and the
-browser set-up (Debian's chromium driven by Playwright; installed in CI, explained elsewhere)."""
+"""Fixtures for the browser tier: Debian's chromium driven by Playwright (installed in CI,
+explained in docs/configuration.md), and where the screenshots go."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
@@ -12,57 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.apps import apps
-from django.contrib.auth.models import Group, User
-from django.test import Client
 
 from tests.conftest import REPO
-
-PASSWORD = "console-test-password-9f3a"  # test users only
-ROLES = ("operators", "reviewers", "auditors")
-
-
-def make_user(username: str, *groups: str, staff: bool = True) -> User:
-    user = User.objects.create_user(username, f"{username}@example.com", PASSWORD, is_staff=staff)
-    user.groups.add(*Group.objects.filter(name__in=groups))
-    return user
-
-
-def ensure_roles() -> None:
-    """Re-run the roles migrations' own code: a transactional test's flush empties auth_group."""
-    importlib.import_module("console.migrations.0001_roles").create_roles(apps, None)
-    importlib.import_module("console.migrations.0002_safety_layer_roles").grant(apps, None)
-    importlib.import_module("console.migrations.0003_exports_read_roles").grant(apps, None)
-
-
-@pytest.fixture
-def role_users(db: None, settings: Any) -> dict[str, User]:
-    """operator, reviewer, auditor (one group each), and a staff user with no role. Committed
-    or not as the test's own django_db mark says (``db`` follows the mark)."""
-    # A real but fast hasher for these test-only passwords (the default costs ~0.3 s a user);
-    # the browser tests still log in through the login form with them.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    ensure_roles()
-    return {
-        "operator": make_user("olga", "operators"),
-        "reviewer": make_user("rita", "reviewers"),
-        "auditor": make_user("aude", "auditors"),
-        "norole": make_user("nora"),
-    }
-
-
-@pytest.fixture
-def clients(role_users: dict[str, User]) -> dict[str, Client]:
-    logged_in = {}
-    for role, user in role_users.items():
-        client = Client()
-        client.force_login(user)
-        logged_in[role] = client
-    logged_in["anonymous"] = Client()
-    return logged_in
-
-
-# -- the browser ---------------------------------------------------------------------------------
 
 CHROMIUM = os.environ.get("KOALA_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -136,12 +86,3 @@ def screenshot_dir() -> Path:
     directory = Path(os.environ.get("KOALA_SCREENSHOT_DIR") or REPO / ".koala-data" / "screenshots")
     directory.mkdir(parents=True, exist_ok=True)
     return directory
-
-
-# -- the outside world ---------------------------------------------------------------------------
-# The loopback payment/model provider and its worker environment, shared with tests/effects.
-from tests.effects.conftest import PROVIDER_API_KEY, effects_env, provider  # noqa: E402, F401
-
-# The export fixtures (accounts alice/bob/mallory/root, a private storage folder) for the Exports
-# page tests; test_browser.py's own "people" fixture overrides this one in that module.
-from tests.exports.conftest import export_root, people  # noqa: E402, F401

@@ -13,11 +13,11 @@ from django.db import connection
 
 from exports.models import Export, ExportState
 from exports.signals import export_batch
-from tests.exports.conftest import (
+from tests.inprocess import run_export
+from tests.support.exports import (
     People,
     database_backends,
     direct_copy,
-    drain_exports,
     load_events,
     published,
     request,
@@ -40,7 +40,7 @@ def test_200k_row_export_equals_a_direct_copy_of_the_same_query(people: People, 
     export = request(people)
     assert Job.objects.get(pk=export.job_id).input == {"export_id": export.pk}, "the message carries only the id"
 
-    done = drain_exports(export.pk)
+    done = run_export(export.pk)
 
     source = direct_copy(people.acme)
     assert row_count(source) == 200_000
@@ -67,7 +67,7 @@ def test_200k_row_export_equals_a_direct_copy_of_the_same_query(people: People, 
 
 def test_timing_split_is_recorded_on_the_attempt_and_the_export(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.acme, rows=50_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     assert done.state == ExportState.SUCCEEDED
     attempt = Attempt.objects.get(job_id=done.job_id)
     for record in (attempt, done):
@@ -81,7 +81,7 @@ def test_timing_split_is_recorded_on_the_attempt_and_the_export(people: People, 
 
 def test_empty_range_exports_only_the_header(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.globex, rows=1_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     source = direct_copy(people.acme)
     assert (done.state, done.row_count, done.checksum) == (ExportState.SUCCEEDED, 0, sha256(source))
     assert (
@@ -94,7 +94,7 @@ def test_empty_range_exports_only_the_header(people: People, export_root: Path, 
 def test_a_date_range_exports_exactly_those_days(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.acme, rows=30_000)
     export = request(people, date_from=date(2026, 3, 1), date_to=date(2026, 3, 31))
-    done = drain_exports(export.pk)
+    done = run_export(export.pk)
     source = direct_copy(people.acme, date(2026, 3, 1), date(2026, 3, 31))
     assert 0 < row_count(source) < 30_000
     assert (done.row_count, done.checksum) == (row_count(source), sha256(source))
@@ -105,11 +105,11 @@ def test_a_date_range_exports_exactly_those_days(people: People, export_root: Pa
 def test_a_rerun_of_a_completed_export_job_returns_the_same_result(people: People, export_root: Path, redis_clean: None) -> None:
     """Completion of the export recorded, completion of the job lost: the body answers from the row."""
     load_events(people.acme, rows=5_000)
-    done = drain_exports(request(people).pk)
+    done = run_export(request(people).pk)
     job = Job.objects.get(pk=done.job_id)
     # Put the job back as if the worker had died after the export row was completed.
     Job.objects.filter(pk=job.pk).update(state="queued", result=None, finished_at=None)
-    again = drain_exports(done.pk)
+    again = run_export(done.pk)
     assert Job.objects.get(pk=job.pk).result == job.result
     assert (again.checksum, again.finished_at) == (done.checksum, done.finished_at), "the export completed once"
     assert len(published(export_root)) == 1 and Operation.objects.filter(job_id=job.pk).count() == 1
@@ -118,7 +118,7 @@ def test_a_rerun_of_a_completed_export_job_returns_the_same_result(people: Peopl
 # Test 6 ------------------------------------------------------------------------------------------
 def test_row_limit_stops_the_export_with_a_terminal_reason(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.acme, rows=12_000)
-    done = drain_exports(request(people, max_rows=10_000).pk)
+    done = run_export(request(people, max_rows=10_000).pk)
     job = Job.objects.get(pk=done.job_id)
     assert (done.state, done.failure_code) == (ExportState.FAILED, "row_limit_exceeded")
     assert "10000 rows" in done.error_message
@@ -133,13 +133,13 @@ def test_row_limit_stops_the_export_with_a_terminal_reason(people: People, expor
 
 def test_exactly_max_rows_is_within_the_limit(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.acme, rows=3_000)
-    done = drain_exports(request(people, max_rows=3_000).pk)
+    done = run_export(request(people, max_rows=3_000).pk)
     assert (done.state, done.row_count) == (ExportState.SUCCEEDED, 3_000)
 
 
 def test_byte_limit_stops_the_export_with_a_terminal_reason(people: People, export_root: Path, redis_clean: None) -> None:
     load_events(people.acme, rows=20_000)
-    done = drain_exports(request(people, max_bytes=100_000).pk)
+    done = run_export(request(people, max_bytes=100_000).pk)
     assert (done.state, done.failure_code) == (ExportState.FAILED, "byte_limit_exceeded")
     assert Job.objects.get(pk=done.job_id).attempts == 1
     assert published(export_root) == [] and temp_files(export_root) == []
@@ -156,7 +156,7 @@ def test_time_limit_stops_the_export_between_batches(people: People, export_root
 
     export_batch.connect(slow, dispatch_uid="slow")
     try:
-        done = drain_exports(request(people, time_limit_seconds=0.5).pk)
+        done = run_export(request(people, time_limit_seconds=0.5).pk)
     finally:
         export_batch.disconnect(dispatch_uid="slow")
     job = Job.objects.get(pk=done.job_id)
@@ -174,7 +174,7 @@ def test_access_revoked_before_the_run_fails_terminally_as_unauthorized(
     load_events(people.acme, rows=1_000)
     export = request(people)
     people.acme.members.remove(people.alice)
-    done = drain_exports(export.pk)
+    done = run_export(export.pk)
     job = Job.objects.get(pk=done.job_id)
     assert (done.state, done.failure_code) == (ExportState.FAILED, "unauthorized")
     assert (job.failure_reason, job.error_class, job.attempts) == ("terminal", "TerminalFailure:unauthorized", 1)
@@ -185,7 +185,7 @@ def test_a_format_this_worker_does_not_support_fails_terminally(people: People, 
     export = request(people)
     # A row written by a newer release that knows a format this worker does not.
     Export.objects.filter(pk=export.pk).update(format="xlsx")
-    done = drain_exports(export.pk)
+    done = run_export(export.pk)
     assert (done.state, done.failure_code) == (ExportState.FAILED, "unsupported_format")
     assert Job.objects.get(pk=done.job_id).attempts == 1
 
@@ -195,7 +195,7 @@ def test_a_scope_beyond_lowered_caps_fails_terminally(
 ) -> None:
     export = request(people)  # a whole year, allowed when requested
     settings.KOALA_EXPORT_MAX_DAYS = 31  # lowered before it ran
-    done = drain_exports(export.pk)
+    done = run_export(export.pk)
     assert (done.state, done.failure_code) == (ExportState.FAILED, "scope_beyond_limits")
     assert "365 days > 31" in done.error_message
     assert Job.objects.get(pk=done.job_id).attempts == 1
@@ -221,7 +221,7 @@ def test_a_dropped_database_connection_mid_stream_is_retried(
 
     export_batch.connect(drop_connection, dispatch_uid="drop")
     try:
-        done = drain_exports(export.pk)
+        done = run_export(export.pk)
     finally:
         export_batch.disconnect(dispatch_uid="drop")
     assert killed, "the streaming connection was found and terminated"
