@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from devtools.sandbox.provider import FakeProvider
@@ -88,7 +89,9 @@ def test_a_provider_billing_past_the_bound_is_recorded_pauses_the_scope_and_show
     board = page.content.decode()
     assert 'id="overshoots"' in board and "1 budget overshoot" in board
     assert f'data-operation="{op.pk}" data-job="{job_id}" data-overshoot="{op.overshoot_minor}"' in board
-    assert f"+{op.overshoot_minor}" in board
+    # Shown in major units of the cost currency (minor units 27 -> "+0.27 EUR").
+    shown = f"{op.overshoot_minor // 100}.{op.overshoot_minor % 100:02d} {settings.KOALA_COST_CURRENCY}"
+    assert f"+{shown}" in board
 
 
 def test_a_call_within_its_bound_records_no_overshoot_and_the_dashboard_shows_none(
