@@ -468,21 +468,6 @@ def seeds(
         }
 
 
-@pytest.fixture
-def export_root(tmp_path: Path, settings: Any) -> Path:
-    root = tmp_path / "export-storage"
-    root.mkdir()
-    settings.KOALA_EXPORT_ROOT = root
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "exports": {
-            **settings.STORAGES["exports"],
-            "OPTIONS": {**settings.STORAGES["exports"]["OPTIONS"], "location": str(root)},
-        },
-    }
-    return root
-
-
 def _date(text: str) -> Any:
     from datetime import date
 
