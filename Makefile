@@ -61,19 +61,19 @@ typecheck: bootstrap ## mypy
 # The schema is migrated first (a fresh bench database has none).
 bench: bootstrap ## Throughput benchmark (bench/throughput.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/throughput.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.throughput "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
-bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/exports.py; BENCH_ARGS=...)
+bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/export_bench.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/exports.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.export_bench "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 # Seeds 1M jobs into koala_bench (about 1.5 min, reused while the count matches) and times the
 # engine's statements and the console's pages; BENCH_ARGS="--jobs 20000" is the CI smoke size.
 bench-scale: bootstrap ## Scale benchmark: queries on a 1M-job table (bench/scale.py; BENCH_ARGS=--jobs 20000)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/scale.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.scale "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes
