@@ -13,24 +13,29 @@ PY          := $(VENV)/bin/python
 WITH_SERVICES := $(PY) -m devtools.embedded --
 PYTEST_ARGS ?=
 RUN_ARGS    ?=
+ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run test unit lint format typecheck bench bench-exports bench-scale requirements clean
+.PHONY: help bootstrap run manage test unit lint format typecheck bench bench-exports bench-scale requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
+	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
 	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
 
 bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
 	@scripts/bootstrap
 
+# --role run: commands beside it (make manage, scripts/manage) join its database and Redis db.
 run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a worker + the scheduler
-	$(WITH_SERVICES) $(PY) manage.py koala_run $(RUN_ARGS)
+	$(PY) -m devtools.embedded --role run -- $(PY) manage.py koala_run $(RUN_ARGS)
+
+manage: bootstrap ## A management command beside make run: its database, Redis db, dev settings (ARGS="koala_jobs")
+	@scripts/manage $(ARGS)
 
 test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
 	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)

@@ -29,7 +29,8 @@ try:
     if not _database_url:
         raise ConfigError(
             "DATABASE_URL is not set. Use `make run`/`make test` (which start an embedded "
-            "PostgreSQL when it is unset) or set DATABASE_URL=postgres://user@host:5432/db."
+            'PostgreSQL when it is unset), `make manage ARGS="COMMAND ..."` or `scripts/manage COMMAND ...` '
+            "for a command beside `make run`, or set DATABASE_URL=postgres://user@host:5432/db."
         )
     if not _redis_url:
         raise ConfigError("REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0).")
