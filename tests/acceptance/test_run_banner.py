@@ -22,6 +22,7 @@ from devtools import logins
 from tests.acceptance.support import free_port, wait_exit
 from tests.conftest import REPO, worker_env
 
+# transaction=True: koala_run and its children must see the rows.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -23,7 +23,8 @@ from django.test import Client
 from tests.conftest import REPO, database_url_for_subprocess
 from workers.models import Job, Operation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# transaction=True: the commands and the worker run in subprocesses, which must see the rows.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TITLE = "## Your first job kind in five minutes"
 

@@ -16,7 +16,8 @@ from tests.effects.conftest import effects_env
 from workers.models import Job
 from workers.services.jobs import enqueue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# transaction=True: worker subprocesses must see the rows.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BODY_LINE = "Welcome to Koala. Your account is ready."  # effects' "welcome" template
 

@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import Processes
 from workers.services.jobs import enqueue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# transaction=True: worker subprocesses must see the rows.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def burst_worker_output(processes: Processes) -> str:

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from tests.conftest import REPO, database_url_for_subprocess
 
+# transaction=True: the benchmarks' own processes must see the rows (and TRUNCATE them).
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # --force: the test database's name lacks "bench" (the scripts' guard against pointing them at real data).
