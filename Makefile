@@ -13,24 +13,29 @@ PY          := $(VENV)/bin/python
 WITH_SERVICES := $(PY) -m devtools.embedded --
 PYTEST_ARGS ?=
 RUN_ARGS    ?=
+ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run test unit lint format typecheck bench bench-exports bench-scale requirements clean
+.PHONY: help bootstrap run manage test unit lint format typecheck bench bench-exports bench-scale requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
+	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
 	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
 
 bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
 	@scripts/bootstrap
 
+# --role run: commands beside it (make manage, scripts/manage) join its database and Redis db.
 run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a worker + the scheduler
-	$(WITH_SERVICES) $(PY) manage.py koala_run $(RUN_ARGS)
+	$(PY) -m devtools.embedded --role run -- $(PY) manage.py koala_run $(RUN_ARGS)
+
+manage: bootstrap ## A management command beside make run: its database, Redis db, dev settings (ARGS="koala_jobs")
+	@scripts/manage $(ARGS)
 
 test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
 	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)
@@ -61,19 +66,19 @@ typecheck: bootstrap ## mypy
 # The schema is migrated first (a fresh bench database has none).
 bench: bootstrap ## Throughput benchmark (bench/throughput.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/throughput.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.throughput "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
-bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/exports.py; BENCH_ARGS=...)
+bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/export_bench.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/exports.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.export_bench "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 # Seeds 1M jobs into koala_bench (about 1.5 min, reused while the count matches) and times the
 # engine's statements and the console's pages; BENCH_ARGS="--jobs 20000" is the CI smoke size.
 bench-scale: bootstrap ## Scale benchmark: queries on a 1M-job table (bench/scale.py; BENCH_ARGS=--jobs 20000)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
-		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" bench/scale.py "$$@"' \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.scale "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes

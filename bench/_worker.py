@@ -1,6 +1,6 @@
-"""One benchmark worker process (started by bench/throughput.py; not for direct use).
+"""One benchmark worker process (started by bench/throughput.py from the repository root; not for direct use).
 
-    python bench/_worker.py {rq-simple|rq-fork|koala-simple|koala-fork} QUEUE
+    python -m bench._worker {rq-simple|rq-fork|koala-simple|koala-fork} QUEUE
 
 It does all its imports and set-up first, prints ``ready``, waits for a line on
 stdin (the "go" after the enqueue phase), runs the worker in burst mode, and
@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script (python bench/NAME.py), Python puts bench/ first on sys.path, where a bench
+# module could shadow a top-level package: import from the repository root only, as -m does.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

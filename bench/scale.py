@@ -1,7 +1,7 @@
 """Scale benchmark: the engine's and the console's queries on a big job table.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/koala_bench REDIS_URL=redis://127.0.0.1:6379/5 \\
-        python bench/scale.py [--jobs 1000000] [--reps 300] [--page-reps 200] [--before-reps 30] [--reseed]
+        python -m bench.scale [--jobs 1000000] [--reps 300] [--page-reps 200] [--before-reps 30] [--reseed]
 
 Not a test: it prints machine information and markdown tables (bench/README.md, "Scale
 benchmark", explains them). It seeds ``--jobs`` jobs (20% queued, 2% running, 0.2% parked on
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, Python puts bench/ first on sys.path, where bench/exports.py would shadow
-# the exports app: drop it, and import bench modules as the bench package from the root.
+# Run as a script (python bench/NAME.py), Python puts bench/ first on sys.path, where a bench
+# module could shadow a top-level package: import from the repository root only, as -m does.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -1,7 +1,7 @@
 """Throughput benchmark: raw RQ against Koala, same machine, same Redis, same worker classes.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/koala_bench REDIS_URL=redis://127.0.0.1:6379/5 \\
-        python bench/throughput.py [--jobs 5000] [--workers 2] [--repeat 3]
+        python -m bench.throughput [--jobs 5000] [--workers 2] [--repeat 3]
 
 Not a test: it prints machine information and a markdown table on stdout (see
 bench/README.md for what each column means and how the timings are defined).
@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script (python bench/NAME.py), Python puts bench/ first on sys.path, where a bench
+# module could shadow a top-level package: import from the repository root only, as -m does.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -143,7 +146,7 @@ class Workers:
         self.logs = [logdir / f"{variant}-{i}.log" for i in range(count)]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / "_worker.py"), variant, RQ_QUEUE],
+                [sys.executable, "-m", "bench._worker", variant, RQ_QUEUE],
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.PIPE,

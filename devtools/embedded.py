@@ -1,6 +1,6 @@
 """Run a command with embedded, real PostgreSQL and Redis when DATABASE_URL/REDIS_URL are unset.
 
-    python -m devtools.embedded [--data-dir DIR] -- COMMAND [ARGS...]
+    python -m devtools.embedded [--data-dir DIR] [--role NAME | --join NAME] -- COMMAND [ARGS...]
 
 With both DATABASE_URL and REDIS_URL set (or their ``*_FILE`` variants) this simply execs
 COMMAND. Otherwise it starts whatever is missing under a data folder (``KOALA_DATA_DIR``,
@@ -22,6 +22,11 @@ Several launchers may share one data folder (``make run`` in one terminal, ``mak
 another): the first starts the services, the last one out stops them, and each gets its
 own Redis database number. Services orphaned by a launcher that was killed are adopted
 by the next one, and a stale postmaster.pid is removed.
+
+``--role NAME`` records what a launcher runs (``make run`` is ``--role run``). ``--join NAME``
+gives the command the same database and the same Redis database number as the live launcher
+of that role instead of its own (``./koala`` and ``make manage`` join ``run``, so a command's
+doorbell reaches the running worker); with no such launcher alive it behaves as usual.
 """
 
 from __future__ import annotations
@@ -164,10 +169,21 @@ class Registry:
 
 class EmbeddedServices:
     def __init__(
-        self, data_dir: Path, *, postgres: bool, redis: bool, database: str = DEFAULT_DATABASE, redis_db: int = 0
+        self,
+        data_dir: Path,
+        *,
+        postgres: bool,
+        redis: bool,
+        database: str = DEFAULT_DATABASE,
+        redis_db: int = 0,
+        role: str | None = None,
+        join: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.database = database
+        self.role = role
+        self.join = join
+        self.joined: dict[str, Any] | None = None
         self.preferred_redis_db = redis_db
         self.want_postgres = postgres
         self.want_redis = redis
@@ -189,11 +205,23 @@ class EmbeddedServices:
     def start(self) -> None:
         with self.registry.locked():
             others = self.registry.live()
-            used = {int(e.get("redis_db", 0)) for e in others}
-            order = [*range(self.preferred_redis_db, REDIS_DATABASES), *range(self.preferred_redis_db)]
-            free = [n for n in order if n not in used]
-            self.redis_db = free[0] if free else self.preferred_redis_db
-            me = {"pid": self.pid, "create_time": self.create_time, "redis_db": self.redis_db}
+            self.joined = next((e for e in others if self.join and e.get("role") == self.join), None)
+            if self.joined is not None:
+                # The same Redis db (its doorbells reach that launcher's worker) and the same database.
+                self.redis_db = int(self.joined.get("redis_db", 0))
+                self.database = str(self.joined.get("database") or self.database)
+            else:
+                used = {int(e.get("redis_db", 0)) for e in others}
+                order = [*range(self.preferred_redis_db, REDIS_DATABASES), *range(self.preferred_redis_db)]
+                free = [n for n in order if n not in used]
+                self.redis_db = free[0] if free else self.preferred_redis_db
+            me = {
+                "pid": self.pid,
+                "create_time": self.create_time,
+                "redis_db": self.redis_db,
+                "database": self.database,
+                "role": self.role,
+            }
             self.registry.write([*others, me])
             self.registered = True
             if self.want_postgres:
@@ -465,7 +493,7 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def run(command: Sequence[str], data_dir: Path) -> int:
+def run(command: Sequence[str], data_dir: Path, *, role: str | None = None, join: str | None = None) -> int:
     if shutil.which(command[0]) is None:
         log(f"cannot run {command[0]!r}: command not found")
         return 127
@@ -495,7 +523,9 @@ def run(command: Sequence[str], data_dir: Path) -> int:
     except ValueError as exc:
         log(str(exc))
         return 2
-    services = EmbeddedServices(data_dir, postgres=want_postgres, redis=want_redis, database=database, redis_db=redis_db)
+    services = EmbeddedServices(
+        data_dir, postgres=want_postgres, redis=want_redis, database=database, redis_db=redis_db, role=role, join=join
+    )
     child: subprocess.Popen[bytes] | None = None
     status = 1
     try:
@@ -507,7 +537,13 @@ def run(command: Sequence[str], data_dir: Path) -> int:
         except Exception as exc:  # an unexpected failure still stops what did start (finally)
             log(f"could not start the embedded services: {type(exc).__name__}: {exc}")
             return 1
-        log("started " + " and ".join(services.started) + f"; data in {data_dir}")
+        if services.joined:
+            log(
+                f"beside the {join} launcher (pid {services.joined['pid']}): database {services.database}, "
+                f"Redis db {services.redis_db}; data in {data_dir}"
+            )
+        else:
+            log("started " + " and ".join(services.started) + f"; data in {data_dir}")
         env = {**os.environ, **services.env}
         try:
             child = subprocess.Popen(list(command), env=env)
@@ -543,12 +579,13 @@ def run(command: Sequence[str], data_dir: Path) -> int:
     return status
 
 
-USAGE = "usage: python -m devtools.embedded [--data-dir DIR] -- COMMAND [ARGS...]"
+USAGE = "usage: python -m devtools.embedded [--data-dir DIR] [--role NAME | --join NAME] -- COMMAND [ARGS...]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     data_dir: Path | None = None
+    names: dict[str, str] = {}
     while args and args[0].startswith("-") and args[0] != "--":
         option = args.pop(0)
         if option in ("-h", "--help"):
@@ -559,6 +596,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir = Path(args.pop(0)).expanduser().resolve()
         elif option.startswith("--data-dir="):
             data_dir = Path(option.split("=", 1)[1]).expanduser().resolve()
+        elif option in ("--role", "--join") and args:
+            names[option[2:]] = args.pop(0)
+        elif option.startswith(("--role=", "--join=")):
+            key, _, value = option[2:].partition("=")
+            names[key] = value
         else:
             print(f"{USAGE}\nunknown option {option}", file=sys.stderr)
             return 2
@@ -569,7 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if data_dir is not None:
         os.environ["KOALA_DATA_DIR"] = str(data_dir)
-    return run(args, data_dir or data_dir_from_env())
+    if not all(re.fullmatch(r"[a-z][a-z0-9_-]{0,30}", value) for value in names.values()):
+        print(f"{USAGE}\n--role and --join take a short lower-case name", file=sys.stderr)
+        return 2
+    return run(args, data_dir or data_dir_from_env(), role=names.get("role"), join=names.get("join"))
 
 
 if __name__ == "__main__":

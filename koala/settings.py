@@ -29,7 +29,8 @@ try:
     if not _database_url:
         raise ConfigError(
             "DATABASE_URL is not set. Use `make run`/`make test` (which start an embedded "
-            "PostgreSQL when it is unset) or set DATABASE_URL=postgres://user@host:5432/db."
+            'PostgreSQL when it is unset), `make manage ARGS="COMMAND ..."` or `scripts/manage COMMAND ...` '
+            "for a command beside `make run`, or set DATABASE_URL=postgres://user@host:5432/db."
         )
     if not _redis_url:
         raise ConfigError("REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0).")
@@ -132,8 +133,8 @@ try:
     # How long past that window the ledger keeps re-checking an open outcome (releasing the job
     # without using an attempt) before it parks the job needs_attention for a person.
     KOALA_RECONCILE_MAX_WAIT_SECONDS = env.number("KOALA_RECONCILE_MAX_WAIT_SECONDS", 900.0, minimum=0.0)
-    # Email through Django's default mailer: SMTP when EMAIL_HOST is set, else printed to the
-    # console (development only: nothing is delivered).
+    # Email through Django's default mailer: SMTP when EMAIL_HOST is set, else logged as one line
+    # per message, the message itself at DEBUG (effects/mailers.py; development only: nothing is delivered).
     _email_host = env.string("EMAIL_HOST", "")
     _email_options = {
         "host": _email_host,
@@ -149,7 +150,7 @@ try:
     MAILERS = {
         "default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": _email_options}
         if _email_host
-        else {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+        else {"BACKEND": "effects.mailers.LoggingEmailBackend"}
     }
     DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "koala@localhost")
     # The right-hand side of the Message-IDs Koala derives from operation keys.
@@ -295,7 +296,8 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "rq.worker": {"level": "WARNING"},
+        # RQ's per-message lines (koala_worker hands RQ this level); everything at LOG_LEVEL=DEBUG.
+        "rq.worker": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         # Django's own handlers format records without the redacting filter: its debug console
         # would print a request error's traceback (exception text and all) and the dev server's
         # access line carries the raw query string. Both go through Koala's handler instead

@@ -9,13 +9,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
 import tests.kinds  # noqa: F401  (registers the test-only kinds in this process)
+from tests.dburl import database_url
 from workers import doorbell
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,13 +32,7 @@ def redis_clean() -> Iterator[None]:
 
 def database_url_for_subprocess() -> str:
     """A URL for the test database, for worker subprocesses (built from the live connection)."""
-    params = connection.settings_dict
-    user = quote(params.get("USER") or "", safe="")
-    password = params.get("PASSWORD") or ""
-    auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
-    host = quote(params.get("HOST") or "", safe="")
-    port = f":{params['PORT']}" if params.get("PORT") else ""
-    return f"postgres://{auth}{host}{port}/{quote(params['NAME'], safe='')}"
+    return database_url(connection.settings_dict)
 
 
 def worker_env(**extra: str) -> dict[str, str]:

@@ -208,7 +208,7 @@ class WorkerRuntime:
         )
         if isinstance(ending, outcomes.Raised) and ending.classification is outcomes.Classification.CONNECTION_LOST:
             connection.close()  # the session is broken: the report (or the next job) opens a new one
-        self._report(lease, outcomes.decide(ending, lease, kind, rejected=ctx.rejection), report)
+        self._report(lease, outcomes.decide(ending, lease, kind, rejected=ctx.rejection), report, elapsed=elapsed)
         if lease.budget_usage_ids:
             try:
                 budgets.add_run_seconds(usage_ids=lease.budget_usage_ids, seconds=elapsed)
@@ -245,10 +245,13 @@ class WorkerRuntime:
         finally:
             self.current = None
 
-    def _report(self, lease: Lease, decision: outcomes.Decision, report: Report | None = None) -> Rejection | None:
+    def _report(
+        self, lease: Lease, decision: outcomes.Decision, report: Report | None = None, *, elapsed: float = 0.0
+    ) -> Rejection | None:
         """The only writer of an attempt's end: the one fenced lease service call ``decision``
         names, retried through a dropped connection, each rejection handled by name."""
         report = report or Report()
+        attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
         fence = {"job_id": lease.job_id, "lease_token": lease.lease_token}
         service: Callable[[], Rejection | None]
         match decision:
@@ -268,16 +271,16 @@ class WorkerRuntime:
                 reporting = Outcome.FAILED
                 service = partial(leases.fail, **fence, reason=reason, error_class=error_class, message=message, report=report)
             case outcomes.Park(reason=reason, detail=detail, parked_on=parked_on):
-                log.info("job %s parked (%s): %s", lease.job_id, reason, detail)
+                log.info("%s parked (%s): %s", attempt, reason, detail)
                 reporting = Outcome.PARKED
                 service = partial(leases.park, **fence, reason=reason, detail=detail, parked_on=parked_on, report=report)
             case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
                 # No report: a released attempt used nothing (its row records only the outcome).
-                log.info("job %s released (%s), due again in %.1fs: %s", lease.job_id, outcome, delay, message)
+                log.info("%s released (%s), due again in %.1f s: %s", attempt, outcome, delay, message)
                 reporting = outcome
                 service = partial(leases.release, **fence, outcome=outcome, message=message, delay_seconds=delay)
         rejection: Rejection | None = None
-        for attempt in range(4):
+        for retry in range(4):
             try:
                 rejection = service()
                 break
@@ -285,11 +288,19 @@ class WorkerRuntime:
                 # The commit may or may not have happened; the repeat answers already_recorded if it did.
                 log.warning("job %s: reporting %s failed (%s); retrying", lease.job_id, reporting, type(exc).__name__)
                 connection.close()
-                time.sleep(0.2 * 2**attempt)
+                time.sleep(0.2 * 2**retry)
         else:
             log.error("job %s: could not report %s; the lease will expire and the reaper decides", lease.job_id, reporting)
             return None
         if rejection is None or rejection is Rejection.ALREADY_RECORDED:
+            # The one line per attempt a person reads (RQ's own lines name the doorbell, not the job).
+            match decision:
+                case outcomes.Complete():
+                    log.info("%s succeeded in %s", attempt, _took(elapsed))
+                case outcomes.RetryLater(delay_seconds=delay, error_class=error_class):
+                    log.info("%s failed in %s (%s); retry in %.1f s", attempt, _took(elapsed), error_class, delay)
+                case outcomes.Fail(reason=reason, error_class=error_class):
+                    log.warning("%s failed in %s: %s (%s)", attempt, _took(elapsed), reason, error_class)
             return rejection  # already_recorded: our earlier report landed; that is success
         if rejection is Rejection.JOB_CANCELLED:
             log.info("job %s was cancelled while running; its %s report was discarded", lease.job_id, reporting)
@@ -408,3 +419,8 @@ def deliver(job_id: int, version: int) -> int:
     if runtime.queues is None and current is not None and current.worker_name:
         runtime.name = current.worker_name
     return runtime.drain(first_job_id=job_id, origin_queue=origin)
+
+
+def _took(seconds: float) -> str:
+    """A body's run time as a person reads it: "12 ms", "3.2 s"."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"

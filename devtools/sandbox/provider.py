@@ -540,13 +540,20 @@ class Handler(BaseHTTPRequestHandler):
             if hold:
                 # "Commit then time out": the effect is durable; the reply comes too late for the client.
                 state.stopping.wait(hold)
-            self._send(200, obj, {"Idempotent-Replayed": "true"} if replayed else None)
+            answer: tuple[int, dict[str, Any], dict[str, str] | None] = (
+                200,
+                obj,
+                {"Idempotent-Replayed": "true"} if replayed else None,
+            )
         except Reply as reply:
             status, outcome = reply.status, reply.body.get("error", {}).get("code", "error")
             state.append(event="request", resource=resource, key=key, status=status, outcome=outcome)
-            self._send(reply.status, reply.body, reply.headers)
+            answer = (reply.status, reply.body, reply.headers)
         finally:
+            # Out of flight before the client hears the answer: a client holding its reply must never
+            # read its own request as still in flight in the stats.
             state.leave(resource)
+        self._send(*answer)
 
 
 class ProviderHTTPServer(ThreadingHTTPServer):

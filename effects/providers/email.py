@@ -1,5 +1,5 @@
 """Email through Django's default mailer (``MAILERS["default"]``: SMTP when ``EMAIL_HOST`` is
-set, the console otherwise), one message per operation key.
+set, else logged and not delivered: effects/mailers.py), one message per operation key.
 
 The Message-ID is derived from the operation key, so every send of one operation carries the
 same Message-ID (and the key itself in ``X-Koala-Idempotency-Key``): a receiving system that

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
 
 from tests.conftest import wait_for, worker_env
+from tests.dburl import database_url
 from tests.fakes.netproxy import FaultProxy
 from tests.kinds import effect_lines, world_effects
 from tests.support.fleet import attempts, job, rq_workers, wait_state, wait_workers_ready
@@ -48,12 +48,8 @@ def _upstream() -> tuple[str, int] | str:
 
 
 def _proxied_url(proxy: FaultProxy) -> str:
-    params = connection.settings_dict
-    user = quote(params.get("USER") or "", safe="")
-    password = params.get("PASSWORD") or ""
-    auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
     # Pattern triggers read the client's bytes: no TLS on this hop.
-    return f"postgres://{auth}127.0.0.1:{proxy.port}/{quote(params['NAME'], safe='')}?sslmode=disable"
+    return database_url(connection.settings_dict, host="127.0.0.1", port=proxy.port, sslmode="disable")
 
 
 @pytest.fixture

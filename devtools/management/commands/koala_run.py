@@ -9,6 +9,10 @@ child once, waits for them (the worker finishes or hands back its jobs), kills w
 left after the grace period and exits 0; a second signal kills them at once. If a child
 exits on its own, the others are stopped and the command fails.
 
+Once the web server answers and the start-up output has settled, a short banner comes last:
+the URL, the demo logins (read from ``$KOALA_DATA_DIR/logins.json``, devtools/logins.py), where
+they are kept, and how to stop.
+
 Without DEBUG in the environment the command re-executes itself with DEBUG=true: this is
 a local demo, the admin must log in over plain http and runserver must serve its static
 files.
@@ -34,11 +38,16 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from devtools import logins
 from devtools.demo import sandbox_state_file
 from koala import cli
 
 MIN_GRACE_SECONDS = 35.0
 FORCE_AFTER_SECONDS = 1.0  # a repeated signal sooner than this is the same Ctrl-C seen twice
+# The banner waits for the web server to answer and for this long without output (the start-up
+# burst of the demo jobs), but never longer than BANNER_AT_THE_LATEST after the start.
+BANNER_QUIET_SECONDS = 1.0
+BANNER_AT_THE_LATEST = 20.0
 
 
 @dataclass
@@ -84,6 +93,34 @@ def _check_bindable(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise CommandError(f"--port {port} on --host {host}: cannot listen there ({exc.strerror}).") from None
+
+
+def banner(*, url: str, found: list[logins.Login], source: Path | None, data_dir: Path | None) -> str:
+    """What koala_run prints last: where to go, who to log in as (and where that is kept), how to stop."""
+    lines = [f"Koala is running: {url}"]
+    if found:
+        lines.append(f"Logins (kept in {source}):")
+        name_width = max(len(x.username) for x in found)
+        password_width = max(len(x.password) for x in found)
+        for login in found:
+            roles = ", ".join(login.roles)
+            lines.append(f"  {login.username:<{name_width}}  {login.password:<{password_width}}  {roles}".rstrip())
+    else:
+        lines.append('No demo logins (--no-demo): make manage ARGS="createsuperuser" creates one.')
+    lines.append('Commands beside it: make manage ARGS="koala_jobs" (or scripts/manage koala_jobs)')
+    stop = "Ctrl-C stops everything"
+    lines.append(f"{stop}; the data stays in {data_dir} (make clean deletes it)." if data_dir else f"{stop}.")
+    rule = "=" * max(len(line) for line in lines)
+    return "\n".join([rule, *lines, rule]) + "\n"
+
+
+def _answers(host: str, port: int) -> bool:
+    connect_to = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host.strip("[]"))  # noqa: S104
+    try:
+        with socket.create_connection((connect_to, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -169,7 +206,17 @@ class Command(BaseCommand):
                 ),
             )
         grace = max(MIN_GRACE_SECONDS, float(getattr(settings, "KOALA_SHUTDOWN_DEADLINE_SECONDS", 30.0)) + 5.0)
-        failure = Supervisor(self, children, env, grace).run(address)
+        supervisor = Supervisor(self, children, env, grace)
+        # The launcher (devtools.embedded) exports KOALA_DATA_DIR when the data lives there.
+        data_dir = Path(os.environ["KOALA_DATA_DIR"]) if os.environ.get("KOALA_DATA_DIR") else None
+
+        def last_words() -> str:
+            found, source = logins.read()
+            return banner(url=f"http://{address}/admin/", found=found, source=source, data_dir=data_dir)
+
+        supervisor.banner = last_words
+        supervisor.web = (options["host"], options["port"])
+        failure = supervisor.run(address)
         if failure:
             raise CommandError(failure)
 
@@ -182,6 +229,9 @@ class Supervisor:
         self.grace = grace
         self.width = max(len(c.name) for c in children)
         self.signals: list[tuple[int, float]] = []
+        self.banner: Callable[[], str] | None = None  # printed once, when the start-up has settled
+        self.web: tuple[str, int] | None = None
+        self.last_output = time.monotonic()
         sys.stdout.flush()  # what migrate/koala_demo printed goes first
         self.out = sys.stdout.buffer
 
@@ -244,7 +294,16 @@ class Supervisor:
             child.pending = b""
         prefix = f"{child.name:>{self.width}} | ".encode()
         if lines:
+            self.last_output = time.monotonic()
             self.write(b"".join(prefix + line.rstrip(b"\r") + b"\n" for line in lines))
+
+    def banner_due(self, now: float, started: float) -> bool:
+        """The web server answers and the output has been quiet a moment (or it is getting late)."""
+        if now - started >= BANNER_AT_THE_LATEST:
+            return True
+        if now - self.last_output < BANNER_QUIET_SECONDS:
+            return False
+        return self.web is None or _answers(*self.web)
 
     def send(self, sig: int) -> None:
         for child in self.children:
@@ -267,9 +326,13 @@ class Supervisor:
                 assert child.output is not None
                 selector.register(child.output, selectors.EVENT_READ, child)
             self.say(f"web, worker and beat started; admin at http://{address}/admin/ - Ctrl-C stops everything")
+            started = time.monotonic()
             while True:
                 self.pump(selector, 0.2)
                 now = time.monotonic()
+                if self.banner is not None and stop_at is None and self.banner_due(now, started):
+                    self.write(self.banner().encode())
+                    self.banner = None
                 for child in self.children:
                     assert child.proc is not None
                     if child.proc.poll() is not None and not child.reported:

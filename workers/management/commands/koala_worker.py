@@ -84,7 +84,10 @@ class Command(BaseCommand):
             connection.ping()
         except Exception as exc:
             raise CommandError(f"cannot reach Redis at REDIS_URL: {type(exc).__name__}: {exc}") from None
-        level = logging.getLevelName(logging.getLogger().level)
+        # RQ sets its loggers to the level work() is given. Give it the one LOGGING configures for
+        # rq.worker (WARNING unless LOG_LEVEL=DEBUG): its INFO lines, three or four per doorbell,
+        # name the RQ message, not the job; Koala logs one line per attempt instead (workers/runtime.py).
+        level = logging.getLevelName(logging.getLogger("rq.worker").getEffectiveLevel())
         if options["pool"] > 1:
             pool = WorkerPool(queues, connection=connection, num_workers=options["pool"], worker_class=worker_class)
             pool.start(burst=options["burst"], logging_level=level)

@@ -1,7 +1,7 @@
 """Export benchmark: the export job against a plain COPY of the same query, same machine, same run.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/koala_bench REDIS_URL=redis://127.0.0.1:6379/5 \\
-        python bench/exports.py [--sizes 100000,1000000,3000000] [--repeat 1] [--approaches]
+        python -m bench.export_bench [--sizes 100000,1000000,3000000] [--repeat 1] [--approaches]
 
 Not a test: it prints machine information and markdown tables on stdout (bench/README.md
 explains the columns). For each size it exports one account holding exactly that many events:
@@ -45,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script (python bench/NAME.py), Python puts bench/ first on sys.path, where a bench
+# module could shadow a top-level package: import from the repository root only, as -m does.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -162,7 +165,8 @@ def run_baseline(select: str, out: Path) -> Run:
 
     info, env = conninfo()
     done = subprocess.run(
-        [sys.executable, __file__, "--baseline-child", copy_sql(select), str(out)],
+        [sys.executable, "-m", "bench.export_bench", "--baseline-child", copy_sql(select), str(out)],
+        cwd=ROOT,
         env={**os.environ, **env, "BENCH_CONNINFO": info},
         capture_output=True,
         text=True,
