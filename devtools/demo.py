@@ -17,7 +17,6 @@ of ``{"username", "password", "roles"}``, so the passwords stay valid across run
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -32,13 +31,13 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
+from devtools import logins as login_store
 from devtools.sandbox.provider import ProviderControl
 from workers.models import Job, JobState, ParkReason
 from workers.runtime import get_runtime
 from workers.services import leases
 from workers.services.jobs import enqueue
 
-LOGINS_FILE = "logins.json"
 SANDBOX_STATE_FILE = "sandbox-provider.jsonl"
 UNCERTAIN_KEY = "demo-order-4"  # the idempotency key of the demo's uncertain charge
 
@@ -65,16 +64,8 @@ PEOPLE = (
 )
 
 
-@dataclass(frozen=True)
-class Login:
-    username: str
-    password: str
-    roles: list[str]
-
-
-def data_dir() -> Path:
-    """KOALA_DATA_DIR, or .koala-data/ in the checkout: where make run keeps its state."""
-    return Path(os.environ.get("KOALA_DATA_DIR") or settings.BASE_DIR / ".koala-data")
+# Where make run keeps its state (KOALA_DATA_DIR, or .koala-data/ in the checkout).
+data_dir = login_store.data_dir
 
 
 def sandbox_state_file() -> Path:
@@ -83,26 +74,18 @@ def sandbox_state_file() -> Path:
 
 
 def _stored_passwords(folder: Path) -> dict[str, str]:
-    """The passwords of an earlier run (the printed logins stay valid), from logins.json or,
-    for a data folder made before it existed, the old demo-admin-password file."""
-    stored: dict[str, str] = {}
-    try:
-        entries = json.loads((folder / LOGINS_FILE).read_text())
-    except (OSError, ValueError):
-        entries = []
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
-            stored[entry["username"]] = entry["password"]
-    return stored
+    """The passwords of an earlier run, so the printed logins stay valid (devtools/logins.py
+    also reads the old demo-admin-password file of a data folder made before logins.json)."""
+    return {login.username: login.password for login in login_store.read(folder)[0]}
 
 
-def ensure_people(*, admin: str) -> tuple[list[Login], list[str]]:
+def ensure_people(*, admin: str) -> tuple[list[login_store.Login], list[str]]:
     """The demo's people with their passwords set (kept from an earlier run), and any problem to say."""
     folder = data_dir()
     folder.mkdir(parents=True, exist_ok=True)
     stored = _stored_passwords(folder)
-    legacy = folder / "demo-admin-password"
-    if admin not in stored and legacy.exists():
+    legacy = folder / login_store.LEGACY_ADMIN_FILE
+    if admin not in stored and legacy.exists():  # an admin not named "admin" kept the old file too
         stored[admin] = legacy.read_text().strip()
     users = get_user_model()
     problems: list[str] = []
@@ -120,24 +103,14 @@ def ensure_people(*, admin: str) -> tuple[list[Login], list[str]]:
         if missing:
             problems.append(f"group(s) {', '.join(sorted(missing))} missing (migrate creates them): {person.username} lacks them")
         user.groups.add(*groups)
-        logins.append(Login(person.username, password, person.roles))
+        logins.append(login_store.Login(person.username, password, tuple(person.roles)))
     return logins, problems
 
 
-def write_logins(logins: list[Login]) -> Path:
-    """logins.json, readable by its owner only, replaced whole (never a half-written file)."""
-    path = data_dir() / LOGINS_FILE
-    partial = path.with_name(f".{LOGINS_FILE}.{os.getpid()}")
-    payload = json.dumps([{"username": x.username, "password": x.password, "roles": x.roles} for x in logins], indent=2)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, (payload + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(partial, 0o600)  # whatever the umask made of it
-    os.replace(partial, path)
-    (data_dir() / "demo-admin-password").unlink(missing_ok=True)  # superseded by logins.json
+def write_logins(logins: list[login_store.Login]) -> Path:
+    """logins.json (mode 0600, replaced whole: devtools/logins.py), superseding the old admin file."""
+    path = login_store.write(logins)
+    (data_dir() / login_store.LEGACY_ADMIN_FILE).unlink(missing_ok=True)
     return path
 
 
