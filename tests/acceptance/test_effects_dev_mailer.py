@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tests.conftest import Processes
-from tests.effects.conftest import effects_env
+from tests.support.effects import effects_env
 from workers.models import Job
 from workers.services.jobs import enqueue
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from devtools import logins
-from tests.acceptance.support import free_port, wait_exit
 from tests.conftest import REPO, worker_env
+from tests.support.fleet import free_port, wait_exit
 
 # transaction=True: koala_run and its children must see the rows.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
