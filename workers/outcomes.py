@@ -34,7 +34,8 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
-from koala.redaction import redact_text, sensitive_values
+from koala import redaction
+from koala.redaction import Redactor
 from workers.errors import AttemptTimeout, Rejection, Retryable, TerminalFailure
 from workers.kinds import JobKind
 from workers.models import Delivery, FailureReason, Outcome
@@ -235,7 +236,10 @@ def decide(
         raise ValueError(f"deciding a {type(ending).__name__} ending needs the kind that ran")
     if rejected is not None and not isinstance(ending, Returned):
         return Discard(rejection=rejected)
-    secrets = sensitive_values(lease.input, sensitive=kind.sensitive_fields)
+    # The job's own context (its declared values and their fragments), joined to whatever is
+    # bound: the runtime's attempt context already holds it (merged() then returns that one,
+    # indexed once), and a caller outside an attempt still gets the job's values masked.
+    redactor = redaction.current().merged(kind.redactor(lease.input))
     match ending:
         case Stale(rejection=rejection):
             return Discard(rejection=rejection)
@@ -245,7 +249,7 @@ def decide(
         case Returned(value=value, state_delta=state_delta):
             return Complete(result=value, state_delta=dict(state_delta))
         case Reconciling(detail=detail, delay_seconds=delay):
-            return Release(outcome=Outcome.INTERRUPTED, message=redact_text(detail, secrets=secrets), delay_seconds=delay)
+            return Release(outcome=Outcome.INTERRUPTED, message=redactor.text(detail), delay_seconds=delay)
         case Parked(reason=reason, detail=detail, parked_on=parked_on):
             return Park(reason=reason, detail=detail, parked_on=dict(parked_on))
         case StoppedForPause():
@@ -268,21 +272,21 @@ def decide(
                 FailureReason.DEADLINE_EXCEEDED,
                 lease,
                 kind,
-                secrets,
+                redactor,
                 rng,
             )
         case Interrupted():
             timeout = AttemptTimeout(f"attempt exceeded its time limit of {lease.timeout_seconds:g}s")
-            return _failure(timeout, FailureReason.FATAL, lease, kind, secrets, rng)
+            return _failure(timeout, FailureReason.FATAL, lease, kind, redactor, rng)
         case Raised(error=error, classification=Classification.CONNECTION_LOST):
             # The body lost the database (a partition, a session the server ended for idling in a
             # transaction, a failover): transient by nature, and nothing after it was recorded.
             lost = Retryable(f"database connection lost during the attempt ({type(error).__name__})")
-            return _failure(lost, FailureReason.FATAL, lease, kind, secrets, rng)
+            return _failure(lost, FailureReason.FATAL, lease, kind, redactor, rng)
         case Raised(error=error, classification=Classification.TERMINAL):
-            return _failure(error, FailureReason.TERMINAL, lease, kind, secrets, rng)
+            return _failure(error, FailureReason.TERMINAL, lease, kind, redactor, rng)
         case Raised(error=error):
-            return _failure(error, FailureReason.FATAL, lease, kind, secrets, rng)
+            return _failure(error, FailureReason.FATAL, lease, kind, redactor, rng)
     raise TypeError(f"not an ending: {ending!r}")
 
 
@@ -299,12 +303,12 @@ def _failure(
     reason: FailureReason,
     lease: Lease,
     kind: JobKind,
-    secrets: list[str],
+    redactor: Redactor,
     rng: random.Random | None,
 ) -> RetryLater | Fail:
     """A Retryable error retries while attempts remain (then attempts_exhausted); anything else fails with ``reason``."""
     error_class = error_class_of(error)
-    message = redact_text(str(error), secrets=secrets)
+    message = redactor.text(str(error))
     if isinstance(error, Retryable):
         if lease.attempts < lease.max_attempts:
             delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
