@@ -187,6 +187,7 @@ INSTALLED_APPS = [
     "reviews",
     "console",
     "exports",
+    "api",
     "devtools",
 ]
 
