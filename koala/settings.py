@@ -89,6 +89,9 @@ try:
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
+    # The worker API's keys (api/keys.py): how long a process trusts a key it has checked before it
+    # checks all it holds again (one query); a revoke reaches the other processes sooner, on Redis.
+    KOALA_API_KEY_CACHE_SECONDS = env.number("KOALA_API_KEY_CACHE_SECONDS", 30.0, minimum=0.0)
     KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
     # The console's worker health (R3): alive but nothing started or finished for this long is
     # "stuck"; this many short-lived starts of one host/queue set within the window is a crash loop.
