@@ -21,12 +21,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def enqueue(kind: str = "http.probe", version: int = 1, **data: Any) -> int:
-    return jobs.enqueue(kind=kind, version=version, input=data).job.pk
+    return jobs.enqueue(kind=kind, version=version, input=data).job_id
 
 
 def test_register_records_the_worker_and_refuses_unknown_kinds(api_server: ApiServer, worker_key: str) -> None:
     status, body = api_server.post(
-        "/api/v1/workers/register", {"name": "reg-1", "kinds": ["http.probe@1", {"name": "http.probe", "version": 2}], "concurrency": 3}, key=worker_key
+        "/api/v1/workers/register",
+        {"name": "reg-1", "kinds": ["http.probe@1", {"name": "http.probe", "version": 2}], "concurrency": 3},
+        key=worker_key,
     )
     assert status == 200, body
     assert body["worker_id"] == "reg-1" and body["concurrency"] == 3
@@ -96,7 +98,11 @@ def test_fail_classifications(api_server: ApiServer, worker_key: str) -> None:
     (lease,) = worker.acquire()
     assert lease["attempt"] == 2
     status, body = worker.lease_call(
-        lease, "fail", classification="step_failure", error_class="InvalidAccount", message="Traceback (most recent call last):\n  x"
+        lease,
+        "fail",
+        classification="step_failure",
+        error_class="InvalidAccount",
+        message="Traceback (most recent call last):\n  x",
     )
     assert status == 200
     job = Job.objects.get(pk=job_id)
@@ -117,7 +123,10 @@ def test_unservable_uses_no_attempt_and_a_worker_with_the_version_serves_it(api_
     (lease,) = new.acquire(wait=5)
     assert lease["job_id"] == job_id and lease["attempt"] == 1
     assert new.lease_call(lease, "complete", output=1)[0] == 200
-    assert [a.outcome for a in Attempt.objects.filter(job_id=job_id).order_by("number")] == [Outcome.UNSERVABLE, Outcome.SUCCEEDED]
+    assert [a.outcome for a in Attempt.objects.filter(job_id=job_id).order_by("number")] == [
+        Outcome.UNSERVABLE,
+        Outcome.SUCCEEDED,
+    ]
 
 
 def test_cancel_reaches_the_body_through_the_heartbeat(api_server: ApiServer, worker_key: str) -> None:
@@ -146,7 +155,9 @@ def test_stop_pause_asks_the_body_to_stop_and_release_gives_it_back(api_server: 
     assert worker.acquire(wait=1.5) == []  # paused: not handed out
 
 
-def test_a_lease_of_another_worker_or_a_wrong_token_is_refused_and_changes_nothing(api_server: ApiServer, worker_key: str) -> None:
+def test_a_lease_of_another_worker_or_a_wrong_token_is_refused_and_changes_nothing(
+    api_server: ApiServer, worker_key: str
+) -> None:
     mine = ProtocolWorker(api_server, worker_key, kinds=["http.probe@1"], name="w-mine")
     other = ProtocolWorker(api_server, worker_key, kinds=["http.probe@1"], name="w-other")
     job_id = enqueue()
@@ -204,7 +215,9 @@ def test_keys_and_scopes(api_server: ApiServer, worker_key: str) -> None:
     assert status == 403 and "worker" in body["message"]
     for fallback in ("write", "admin"):
         status, _ = api_server.post(
-            "/api/v1/workers/register", {"name": f"w-{fallback}", "kinds": ["http.probe@1"]}, key=make_key(fallback, name=fallback)
+            "/api/v1/workers/register",
+            {"name": f"w-{fallback}", "kinds": ["http.probe@1"]},
+            key=make_key(fallback, name=fallback),
         )
         assert status == 200
 
