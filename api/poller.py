@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, connection
 
 from api import protocol
 from api.protocol import ClaimPass, Registration
@@ -62,13 +62,17 @@ class _Waiter:
 
 
 def _in_thread[T](fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    # A pool thread keeps its database connection between calls (CONN_MAX_AGE); this drops it if
-    # it is too old or broken, exactly as Django does between requests in a WSGI worker.
-    close_old_connections()
+    # A pool thread keeps its database connection between calls: the worker API's calls are many
+    # and small, and reconnecting (with the session settings workers/dbsession.py applies) would
+    # cost more queries than the calls themselves. A connection that failed is dropped before the
+    # next call, as Django does between requests.
+    if connection.connection is not None and connection.errors_occurred:
+        connection.close_if_unusable_or_obsolete()
     try:
         return fn(*args, **kwargs)
-    finally:
-        close_old_connections()
+    except (OperationalError, InterfaceError):
+        connection.close()
+        raise
 
 
 class Hub:
@@ -95,6 +99,8 @@ class Hub:
     # -- the executor: every database call of the API goes through it ----------------------------
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self._ensure_started()  # the first API call: start the poller and the Redis listener
         context = contextvars.copy_context()  # the request's redaction context follows the call
         call = functools.partial(context.run, _in_thread, fn, *args, **kwargs)
         return await loop.run_in_executor(self.executor, call)

@@ -169,31 +169,55 @@ def register(
 
 
 def registration(*, worker_id: str, key_prefix: str) -> Registration:
-    """The worker ``worker_id`` registered with key ``key_prefix`` (cached a short while), or 404.
+    """The worker ``worker_id`` registered with key ``key_prefix``, or 404.
 
-    A worker of another key is answered exactly like an unknown one: nothing about another key's
-    workers leaks.
+    Cached in the process: an idle fleet's every acquire needs it, so rather than one query per
+    acquire, every REGISTRATION_CACHE_SECONDS one query re-reads all cached workers (a worker
+    registered anew through another server process, or stopped, is seen then). A worker of
+    another key is answered exactly like an unknown one: nothing about another key's workers leaks.
     """
+    global _refreshed_at
+    now = time.monotonic()
+    if now - _refreshed_at > REGISTRATION_CACHE_SECONDS:
+        _refreshed_at = now
+        with _registrations_lock:
+            names = list(_registrations)
+        fresh = {row.name: _from_row(row) for row in _rows(names)} if names else {}
+        with _registrations_lock:
+            for name in names:
+                if name in fresh:
+                    _registrations[name] = (now, fresh[name])
+                else:
+                    _registrations.pop(name, None)
     with _registrations_lock:
         cached = _registrations.get(worker_id)
-    if cached is not None and time.monotonic() - cached[0] < REGISTRATION_CACHE_SECONDS:
-        found: Registration | None = cached[1]
-    else:
-        row = WorkerProcess.objects.filter(name=worker_id, stopped_at__isnull=True).exclude(api_key="").first()
-        found = None
-        if row is not None:
-            found = Registration(
-                worker_id=row.name,
-                served=tuple(row.kinds),
-                queues=tuple(row.queues),
-                concurrency=row.concurrency,
-                key_prefix=row.api_key,
-            )
+    found = cached[1] if cached is not None else None
+    if found is None:
+        rows = _rows([worker_id])
+        if rows:
+            found = _from_row(rows[0])
             with _registrations_lock:
-                _registrations[worker_id] = (time.monotonic(), found)
+                _registrations[worker_id] = (now, found)
     if found is None or found.key_prefix != key_prefix:
         raise ApiError(404, "unknown_worker", f"no worker {worker_id!r} is registered with this key; register first")
     return found
+
+
+_refreshed_at = 0.0
+
+
+def _rows(names: Sequence[str]) -> list[WorkerProcess]:
+    return list(WorkerProcess.objects.filter(name__in=list(names), stopped_at__isnull=True).exclude(api_key=""))
+
+
+def _from_row(row: WorkerProcess) -> Registration:
+    return Registration(
+        worker_id=row.name,
+        served=tuple(row.kinds),
+        queues=tuple(row.queues),
+        concurrency=row.concurrency,
+        key_prefix=row.api_key,
+    )
 
 
 def forget_registrations() -> None:

@@ -114,6 +114,23 @@ def write_logins(logins: list[login_store.Login]) -> Path:
     return path
 
 
+def ensure_api_key(*, actor: str) -> tuple[str, Path]:
+    """The demo's API key for workers and job calls (scopes worker + execute), kept in the data
+    folder like the logins: the same key on every run while it still authenticates."""
+    from api import keys
+    from api.http import ApiError
+
+    raw, source = login_store.read_api_key()
+    if raw and source is not None:
+        try:
+            keys.authenticate(f"Bearer {raw}")
+            return raw, source
+        except ApiError:
+            pass  # revoked, expired or from another database: make a new one
+    _, raw = keys.create_key(name="demo worker", scopes=["worker", "execute"], actor=actor)
+    return raw, login_store.write_api_key(raw)
+
+
 def grant_memberships(*, actor: str) -> None:
     """The demo people's account memberships (the accounts exist once the demo data is loaded)."""
     from exports.models import Account

@@ -69,3 +69,30 @@ def read(folder: Path | None = None) -> tuple[list[Login], Path | None]:
         roles = (roles,) if isinstance(roles, str) else tuple(str(r) for r in roles)
         logins.append(Login(str(entry["username"]), str(entry.get("password", "")), roles))
     return logins, source
+
+
+API_KEY_FILE = "api-key"  # the demo's worker API key (worker + execute scopes), mode 0600
+
+
+def api_key_path(folder: Path | None = None) -> Path:
+    return (folder or data_dir()) / API_KEY_FILE
+
+
+def write_api_key(raw: str, folder: Path | None = None) -> Path:
+    target = api_key_path(folder)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(raw + "\n")
+    tmp.replace(target)
+    return target
+
+
+def read_api_key(folder: Path | None = None) -> tuple[str, Path | None]:
+    """The demo's stored API key and its file; ("", None) when there is none."""
+    source = api_key_path(folder)
+    try:
+        return source.read_text().strip(), source
+    except OSError:
+        return "", None

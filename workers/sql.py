@@ -54,9 +54,9 @@ LIVE_LEASE = (
 HOLD_LEASE = "SELECT 1 FROM workers_job WHERE " + LIVE_LEASE + " FOR NO KEY UPDATE"  # noqa: S608 (composed from constant fragments; values are bound)
 
 # Why a fenced write matched no row: the job's state and current token, and whether this
-# attempt's own row already holds an outcome (params: lease_token, job_id).
+# attempt's own row already holds an outcome and who requeued it (params: lease_token, job_id).
 REJECTION_FOR = (
-    "SELECT j.state, j.lease_token, a.outcome FROM workers_job j "
+    "SELECT j.state, j.lease_token, a.outcome, a.requeued_by FROM workers_job j "
     "LEFT JOIN workers_attempt a ON a.job_id = j.id AND a.lease_token = %s WHERE j.id = %s"
 )
 

@@ -108,7 +108,7 @@ def start_job(request: HttpRequest, principal: Principal) -> HttpResponse:
     except EnqueueError as exc:
         message = str(exc)
         if "already used" in message:  # the key names an earlier job with other input
-            raise ApiError(409, "idempotency_conflict", f"idempotency_key: {message}") from None
+            raise ApiError(400, "idempotency_conflict", f"idempotency_key: {message}") from None
         raise http.invalid("input" if message.startswith("input") else "body", message) from None
     state = Job.objects.values_list("state", flat=True).get(pk=result.job_id)
     return JsonResponse(
@@ -196,5 +196,5 @@ def cancel(request: HttpRequest, principal: Principal, job_id: int) -> HttpRespo
     except JobStateError as exc:
         if "does not exist" in str(exc):
             raise ApiError(404, "not_found", f"no job {job_id}") from None
-        raise ApiError(409, "already_finished", str(exc)) from None
+        raise ApiError(400, "already_finished", str(exc)) from None
     return JsonResponse({"job_id": job.pk, "state": job.state})

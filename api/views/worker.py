@@ -11,7 +11,7 @@ import functools
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from django.conf import settings
@@ -28,7 +28,7 @@ from workers.services.leases import HeldLease
 log = logging.getLogger("koala.api")
 NAME = re.compile(protocol.NAME_PATTERN)
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
 def worker_call(view: Callable[..., Awaitable[HttpResponse]]) -> View:

@@ -7,6 +7,7 @@ server, worker and beat, against the test database; the logins come from the dat
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -111,7 +113,7 @@ def test_banner_comes_last_with_the_stored_logins(tmp_path: Path, redis_clean: N
             assert re.search(row, text), text
         assert "Ctrl-C stops everything" in text and str(data_dir) in text
         # Last: after the web server's start-up lines; and nothing routine follows it at once.
-        web_ready = max(i for i, line in enumerate(seen) if "Quit the server with CONTROL-C" in line)
+        web_ready = max(i for i, line in enumerate(seen) if "Uvicorn running on" in line)
         assert web_ready < seen.index(banner_of(seen)[0])
         assert len(output.during(3)) <= 2, output.seen
     finally:
@@ -120,7 +122,7 @@ def test_banner_comes_last_with_the_stored_logins(tmp_path: Path, redis_clean: N
 
 def test_with_the_demo_the_banner_stays_on_a_50_line_screen(tmp_path: Path, redis_clean: None) -> None:
     data_dir = tmp_path / "data"
-    proc, output, _ = start_run(data_dir)
+    proc, output, port = start_run(data_dir)
     try:
         seen = output.until_banner(120)
         text = "\n".join(banner_of(seen))
@@ -128,6 +130,18 @@ def test_with_the_demo_the_banner_stays_on_a_50_line_screen(tmp_path: Path, redi
         assert found and source is not None and f"(kept in {source})" in text, text
         for login in found:
             assert login.username in text and login.password in text, text
+        # One server serves both: the admin and the worker API, with the key the banner shows.
+        key, _ = logins.read_api_key(data_dir)
+        assert key and f"http://127.0.0.1:{port}/api/v1/ with key {key}" in text, text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=10) as page:
+            assert page.status == 200 and b"csrfmiddlewaretoken" in page.read()
+        register = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/workers/register",
+            data=json.dumps({"name": "banner-check", "kinds": ["http.echo@1"]}).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(register, timeout=10) as answer:
+            assert answer.status == 200 and json.loads(answer.read())["worker_id"] == "banner-check"
         # The demo jobs keep running after the banner; a person must still see it a while later.
         after = output.during(6)
         assert len(after) + len(banner_of(seen)) < 50, "\n".join(after)

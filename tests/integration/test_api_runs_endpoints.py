@@ -57,7 +57,7 @@ def test_start_read_and_cancel_a_job(client: Client, machine: dict[str, str]) ->
     assert again.status_code == 201 and repeat.status_code == 200
     assert repeat.json()["job_id"] == again.json()["job_id"] and repeat.json()["created"] is False
     clash = post(client, "/api/v1/jobs", {"kind": "noop", "input": {"n": 3}, "idempotency_key": "k-1"}, machine)
-    assert clash.status_code == 409 and clash.json()["error"] == "idempotency_conflict"
+    assert clash.status_code == 400 and clash.json()["error"] == "idempotency_conflict"
 
     read = client.get(f"/api/v1/jobs/{job.pk}", **machine)
     assert read.status_code == 200
@@ -69,7 +69,7 @@ def test_start_read_and_cancel_a_job(client: Client, machine: dict[str, str]) ->
     event = AuditEvent.objects.get(action=AuditAction.CANCEL)
     assert event.actor.startswith("apikey:") and event.target_id == str(job.pk)
     twice = post(client, f"/api/v1/jobs/{job.pk}/cancel", {}, machine)
-    assert twice.status_code == 409 and twice.json()["error"] == "already_finished"
+    assert twice.status_code == 400 and twice.json()["error"] == "already_finished"
 
 
 def test_reads_are_redacted_and_audited_only_for_a_persons_key(client: Client, machine: dict[str, str]) -> None:

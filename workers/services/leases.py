@@ -230,7 +230,7 @@ def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None
         row = cursor.fetchone()
     if row is None:
         return Rejection.LEASE_SUPERSEDED
-    state, current_token, my_outcome = row
+    state, current_token, my_outcome, requeued_by = row
     # The attempt row is keyed by this token: if it already holds exactly this report, the
     # report landed (its reply was lost), whoever has claimed the job since.
     if reporting is not None and my_outcome == reporting:
@@ -239,7 +239,19 @@ def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None
         return Rejection.JOB_CANCELLED
     if current_token != lease_token:
         return Rejection.LEASE_SUPERSEDED
+    # Nobody has claimed the job since. If this attempt already recorded its own end (a report
+    # of another outcome after its first landed: fail after complete, complete after a terminal
+    # fail), that end stands and the worker has nothing left to do: already_recorded, not
+    # lease_expired, which would tell it that the reaper still decides a job that is settled.
+    # The reaper's orphaned mark and an operator's requeue are not this attempt's own ends.
+    if reporting is not None and my_outcome in _OWN_ENDS and not (my_outcome == Outcome.INTERRUPTED and requeued_by):
+        return Rejection.ALREADY_RECORDED
     return Rejection.LEASE_EXPIRED
+
+
+# Outcomes an attempt records for itself (through _finish), as opposed to the reaper's ORPHANED
+# and the CANCELLED an operator's cancel writes.
+_OWN_ENDS = (Outcome.SUCCEEDED, Outcome.RETRY, Outcome.FAILED, Outcome.PARKED, Outcome.UNSERVABLE, Outcome.INTERRUPTED)
 
 
 def heartbeat(*, job_id: int, lease_token: int, lease_seconds: float, progress: dict[str, Any] | None = None) -> Rejection | None:

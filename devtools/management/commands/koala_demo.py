@@ -39,6 +39,8 @@ class Command(BaseCommand):
         for login in logins:
             self.stdout.write(f"  {login.username:<8} password={login.password}  ({', '.join(login.roles)})")
         self.stdout.write(f"Stored in {stored} (readable by you only); the same passwords on every run.")
+        key, key_file = demo.ensure_api_key(actor="koala_demo")
+        self.stdout.write(f"Worker API key (scopes worker, execute; kept in {key_file}): {key}")
         for problem in problems:
             self.stderr.write(problem)
         if options["no_jobs"]:

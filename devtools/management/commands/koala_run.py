@@ -108,6 +108,11 @@ def banner(*, url: str, found: list[logins.Login], source: Path | None, data_dir
             lines.append(f"  {login.username:<{name_width}}  {login.password:<{password_width}}  {roles}".rstrip())
     else:
         lines.append('No demo logins (--no-demo): make manage ARGS="createsuperuser" creates one.')
+    key, key_source = logins.read_api_key(source.parent if source is not None else None)
+    if key:
+        lines.append(
+            f"Worker API: {url.removesuffix('/admin/')}/api/v1/ with key {key} (kept in {key_source}; docs/worker-api.md)"
+        )
     lines.append('Commands beside it: make manage ARGS="koala_jobs" (or scripts/manage koala_jobs)')
     stop = "Ctrl-C stops everything"
     lines.append(f"{stop}; the data stays in {data_dir} (make clean deletes it)." if data_dir else f"{stop}.")
