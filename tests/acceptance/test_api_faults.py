@@ -223,12 +223,6 @@ def test_a_repeated_terminal_fail_is_already_recorded_and_changes_nothing(api_se
     assert job(job_id).state == JobState.FAILED and job(job_id).error_class == "Bad"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers/services/leases.py rejection_for: a different report on a lease that already ended "
-    "(fail after complete, complete after fail) answers lease_expired, which tells the worker the reaper "
-    "will requeue a job that is in fact finished; expected already_recorded",
-)
 @pytest.mark.parametrize(
     ("first", "then"),
     [
@@ -246,7 +240,7 @@ def test_another_report_after_the_lease_ended_is_already_recorded(
     assert worker.lease_call(lease, first[0], **first[1])[0] == 200
     before = snapshot(job_id)
     status, body = worker.lease_call(lease, then[0], **then[1])
-    assert snapshot(job_id) == before  # holds today: nothing changes, only the reason is wrong
+    assert snapshot(job_id) == before
     assert (status, body["error"]) == (409, "already_recorded"), body
 
 
