@@ -1,0 +1,29 @@
+"""``GET /api/v1/openapi.json``: the checked-in OpenAPI document of the worker protocol (no key needed)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+
+from api.http import ApiError
+
+DOCUMENT = Path(__file__).resolve().parents[1] / "openapi.json"
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The parsed document, read once per process (the file only changes with a deploy)."""
+    loaded: dict[str, Any] = json.loads(DOCUMENT.read_text(encoding="utf-8"))
+    return loaded
+
+
+def openapi(request: HttpRequest) -> JsonResponse:
+    if request.method not in ("GET", "HEAD"):
+        return ApiError(
+            405, "method_not_allowed", f"{request.method} is not allowed here; use GET", headers={"Allow": "GET, HEAD"}
+        ).response()
+    return JsonResponse(document())
