@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from api.http import ApiError
 
@@ -21,9 +22,17 @@ def document() -> dict[str, Any]:
     return loaded
 
 
+@csrf_exempt  # no cookie, no session: another method is answered 405 as JSON, not with the CSRF page
 def openapi(request: HttpRequest) -> JsonResponse:
     if request.method not in ("GET", "HEAD"):
         return ApiError(
             405, "method_not_allowed", f"{request.method} is not allowed here; use GET", headers={"Allow": "GET, HEAD"}
         ).response()
     return JsonResponse(document())
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any other path under /api/v1/ (a lease id that is not a number, a worker id with a slash):
+    the document's JSON error, not Django's HTML page (a worker parses every answer as JSON)."""
+    return ApiError(404, "not_found", f"no API call at {request.path[:200]!r}; see /api/v1/openapi.json").response()

@@ -98,3 +98,12 @@ def test_the_view_answers_another_method_with_a_json_405() -> None:
     answer = spec.openapi(RequestFactory().post("/api/v1/openapi.json", data=b"{}", content_type="application/json"))
     assert answer.status_code == 405 and answer["Allow"] == "GET, HEAD"
     assert json.loads(answer.content)["error"] == "method_not_allowed"
+
+
+def test_any_other_api_path_answers_the_documents_json_404() -> None:
+    answer = spec.not_found(RequestFactory().post("/api/v1/leases/-1/heartbeat"), "leases/-1/heartbeat")
+    assert answer.status_code == 404 and answer["Content-Type"] == "application/json"
+    assert json.loads(answer.content) == {
+        "error": "not_found",
+        "message": "no API call at '/api/v1/leases/-1/heartbeat'; see /api/v1/openapi.json",
+    }
