@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def same_shape(documented: Any, actual: Any, where: str = "$") -> list[str]:
 
 
 def test_the_curl_session_runs_as_written_and_answers_what_the_document_shows(api_server: ApiServer, tmp_path: Path) -> None:
+    missing = [tool for tool in ("curl", "jq") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"the session needs {' and '.join(missing)} (install them: apt-get install curl jq)")
     commands = steps(session())
     assert len(commands) >= 10, [c.command for c in commands]  # keys, register, enqueue, acquire, heartbeat, complete twice
     script = "".join(f"{step.command}\nprintf '\\n{END} {i} %d\\n' $?\n" for i, step in enumerate(commands))
