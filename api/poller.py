@@ -123,6 +123,15 @@ class Hub:
         assert self.loop is not None and self._wake is not None
         self._seen.add(registration.worker_id)
         waiter = _Waiter(registration=registration, count=count, future=self.loop.create_future())
+        if wait <= 0:
+            # "Is there work now?" without waiting: one claim for this worker alone.
+            results, _ = await self.run(self._claim_round, [waiter])
+            for _, got in results:
+                if isinstance(got, OverConcurrency):
+                    raise got
+                self.handed.setdefault(registration.worker_id, set()).update(lease.attempt_id for lease in got)
+                return got
+            return []
         self.waiters.append(waiter)
         if registration.signature not in self._empty:
             self._wake.set()  # its last look found work (or it is new): look now

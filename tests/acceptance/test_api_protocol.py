@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from koala.models import AuditEvent
 from tests.support.api_server import ApiServer, ProtocolWorker, make_key
 from tests.support.fleet import snapshot
 from workers.models import Attempt, Job, JobState, Outcome, Span, WorkerProcess
@@ -45,6 +46,7 @@ def test_register_records_the_worker_and_refuses_unknown_kinds(api_server: ApiSe
 def test_acquire_wakes_on_enqueue_and_complete_records_output_state_usage_and_spans(
     api_server: ApiServer, worker_key: str
 ) -> None:
+    audited = AuditEvent.objects.count()
     worker = ProtocolWorker(api_server, worker_key, kinds=["http.probe@1"], name="w-complete")
     got: list[list[dict[str, Any]]] = []
     waiting = threading.Thread(target=lambda: got.append(worker.acquire(1, wait=10)))
@@ -76,6 +78,8 @@ def test_acquire_wakes_on_enqueue_and_complete_records_output_state_usage_and_sp
     spans = {s.span_id: s for s in Span.objects.filter(job_id=job_id)}
     assert spans[lease["span_id"]].parent_id == "" and spans["a" * 16].parent_id == lease["span_id"]
     assert spans["b" * 16].parent_id == "a" * 16
+    # A machine loop: none of the worker's calls is in the audit log (R19).
+    assert AuditEvent.objects.count() == audited
 
     # The same completion again (a lost reply): already_recorded, and nothing changes.
     before = snapshot(job_id)
