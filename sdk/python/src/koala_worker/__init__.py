@@ -1,9 +1,9 @@
 """Koala's worker SDK for Python: a client of the HTTP worker protocol (docs/worker-api.md).
 
-    from koala_worker import Client, Worker
+from koala_worker import Client, Worker
 
-    worker = Worker(Client("http://koala:8000", "kk_…"), concurrency=8).register("echo", 1, lambda ctx, input: {"echo": input})
-    worker.serve()
+worker = Worker(Client("http://koala:8000", "kk_…"), concurrency=8).register("echo", 1, lambda ctx, input: {"echo": input})
+worker.serve()
 """
 
 from koala_worker.backoff import backoff_delay

@@ -91,7 +91,13 @@ class Client:
                 pass
 
     def request(
-        self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None, retry_stale: bool = True
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        retry_stale: bool = True,
     ) -> tuple[int, Any]:
         """One call: ``(status, parsed JSON or None)`` for a 2xx, else raises Rejected/ApiError."""
         payload = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
@@ -140,7 +146,7 @@ class Client:
         _, answer = self.request("POST", "/api/v1/workers/register", body)
         return Registration.parse(answer)
 
-    def acquire(self, worker_id: str, *, max: int, wait_seconds: float) -> list[Lease]:  # noqa: A002  (the contract's name)
+    def acquire(self, worker_id: str, *, max: int, wait_seconds: float) -> list[Lease]:
         """Long-poll for up to ``max`` leases; ``[]`` when ``wait_seconds`` passed with nothing due."""
         status, answer = self.request(
             "POST",
@@ -251,7 +257,13 @@ class Client:
         usage: dict[str, Any] | None = None,
         retry_after: float | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"outcome": outcome, "external_id": external_id, "data": data or {}, "cost_minor": cost_minor, "usage": usage}
+        body: dict[str, Any] = {
+            "outcome": outcome,
+            "external_id": external_id,
+            "data": data or {},
+            "cost_minor": cost_minor,
+            "usage": usage,
+        }
         if retry_after is not None:
             body["retry_after"] = retry_after
         answer = self._lease_call(lease, f"operations/{operation_id}", worker_id, body)
@@ -284,6 +296,6 @@ def _answer(method: str, path: str, status: int, retry_after: str | None, raw: b
     message = parsed.get("message") if isinstance(parsed, dict) else None
     if not isinstance(message, str):
         message = raw[:200].decode("utf-8", "replace")
-    if status == 409 and code in Reason._value2member_map_:
+    if status == 409 and isinstance(code, str) and code in Reason._value2member_map_:
         raise Rejected.of(code, message)
     raise ApiError(status, code if isinstance(code, str) else f"http_{status}", message, retry_after=_retry_after(retry_after))

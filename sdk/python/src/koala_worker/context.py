@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,7 +66,14 @@ MAX_OPERATION_ROUNDS = 8  # begin → look_up → begin … a server that keeps 
 def lookup_payload(answer: Any) -> dict[str, Any]:
     """A reconcile() answer as the ``lookup`` of the next begin."""
     if isinstance(answer, OperationResult):
-        return {"found": {"external_id": answer.external_id, "data": answer.data, "cost_minor": answer.cost_minor, "usage": answer.usage}}
+        return {
+            "found": {
+                "external_id": answer.external_id,
+                "data": answer.data,
+                "cost_minor": answer.cost_minor,
+                "usage": answer.usage,
+            }
+        }
     if answer is ABSENT:
         return {"absent": True}
     if isinstance(answer, Miss):
@@ -212,23 +220,22 @@ class Context:
         self.checkpoint()
         worker = self._run.worker
         lookup: dict[str, Any] | None = None
+        begin = functools.partial(
+            worker.client.begin_operation,
+            worker.worker_id,
+            self.lease,
+            name=name,
+            kind=kind,
+            params=params,
+            amount_minor=amount_minor,
+            currency=currency,
+            target=target,
+            estimate_minor=estimate_minor,
+            key=key,
+            can_look_up=reconcile is not None,
+        )
         for _ in range(MAX_OPERATION_ROUNDS):
-            answer = self._call(
-                lambda lookup=lookup: worker.client.begin_operation(
-                    worker.worker_id,
-                    self.lease,
-                    name=name,
-                    kind=kind,
-                    params=params,
-                    amount_minor=amount_minor,
-                    currency=currency,
-                    target=target,
-                    estimate_minor=estimate_minor,
-                    key=key,
-                    can_look_up=reconcile is not None,
-                    lookup=lookup,
-                )
-            )
+            answer = self._call(functools.partial(begin, lookup=lookup))
             action = answer.get("action")
             if action == "done":
                 return answer.get("result")

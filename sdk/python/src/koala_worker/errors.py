@@ -114,7 +114,7 @@ class OperationFailed(Exception):
     """Koala answered an operation with ``raise`` and a ``fatal`` classification."""
 
 
-class StopRequested(BaseException):  # noqa: N818  (a signal, not an error)
+class StopRequested(BaseException):
     """Raised by ``ctx.checkpoint()`` when the worker asks the body to stop (a stop pause, a shutdown).
 
     Raised at a safe point, so the lease is given back with ``safe_point: true`` (no attempt used).
@@ -122,7 +122,7 @@ class StopRequested(BaseException):  # noqa: N818  (a signal, not an error)
     """
 
 
-class Abandon(BaseException):  # noqa: N818
+class Abandon(BaseException):
     """Internal: the lease is gone (a 409 on a heartbeat or an operation) or Koala parked the job
     (operation ``stop``). The body ends and the worker reports nothing more about this lease."""
 

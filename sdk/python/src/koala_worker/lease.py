@@ -10,11 +10,11 @@ class LeaseFormatError(ValueError):
     """An answer that does not have the shape the contract gives it."""
 
 
-def _need(raw: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+def _need(raw: dict[str, Any], name: str, kind: Any) -> Any:
     if name not in raw:
         raise LeaseFormatError(f"the answer has no {name!r}")
     value = raw[name]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise LeaseFormatError(f"{name!r} has the wrong type ({type(value).__name__})")
     return value
 
@@ -143,4 +143,8 @@ class HeartbeatAnswer:
         if not isinstance(raw, dict):
             raise LeaseFormatError("a heartbeat answer must be an object")
         reason = raw.get("reason")
-        return cls(expires_at=str(raw.get("expires_at") or ""), cancel=bool(raw.get("cancel")), reason=reason if isinstance(reason, str) else None)
+        return cls(
+            expires_at=str(raw.get("expires_at") or ""),
+            cancel=bool(raw.get("cancel")),
+            reason=reason if isinstance(reason, str) else None,
+        )

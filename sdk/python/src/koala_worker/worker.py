@@ -127,6 +127,7 @@ class Worker:
         self._work: queue.Queue[LeaseRun | None] = queue.Queue()
         self._beat_wake = threading.Event()
         self._serve_thread: int | None = None
+        self._deadline: float | None = None
         self.hostname = socket.gethostname()
 
     # -- what it serves --------------------------------------------------------------------
@@ -307,7 +308,12 @@ class Worker:
         try:
             self.persist(
                 lambda: self.client.complete(
-                    self.worker_id, lease, output=output, state_delta=ctx.state_delta, usage=ctx.step_usage(), spans=ctx.spans.wire()
+                    self.worker_id,
+                    lease,
+                    output=output,
+                    state_delta=ctx.state_delta,
+                    usage=ctx.step_usage(),
+                    spans=ctx.spans.wire(),
                 ),
                 run,
             )
@@ -371,11 +377,27 @@ class Worker:
     # -- the loop ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop acquiring, ask running bodies to stop, give back what is still held at the deadline."""
+        """Stop acquiring, ask running bodies to stop, give back what is still held at the deadline.
+
+        Safe from a signal handler: it only sets an event; the worker's own threads do the rest.
+        """
         self._stopping.set()
+
+    def _supervise(self) -> None:
+        """At a stop: tell running bodies at once, and cut a long-poll still open at the deadline."""
+        self._stopping.wait()
+        if self._done.is_set():
+            return
+        self._deadline = time.monotonic() + self.shutdown_deadline
         with self._cond:
+            running = list(self._held.values())
             self._cond.notify_all()
-        if self._serve_thread is not None:
+        for run in running:
+            run.request_stop()
+        # The acquire open now is left to answer (within poll_seconds): cutting it could lose
+        # leases Koala has just granted, which an at_most_once kind would then fail as orphaned.
+        # Only at the deadline is it cut.
+        if not self._done.wait(self.shutdown_deadline) and self._serve_thread is not None:
             self.client.abort(self._serve_thread)
 
     def held(self) -> int:
@@ -393,6 +415,7 @@ class Worker:
             self._register()
             threads = [threading.Thread(target=self._pool, name=f"koala-body-{i}", daemon=True) for i in range(self.concurrency)]
             threads.append(threading.Thread(target=self._heartbeats, name="koala-heartbeat", daemon=True))
+            threads.append(threading.Thread(target=self._supervise, name="koala-stop", daemon=True))
             for thread in threads:
                 thread.start()
             try:
@@ -402,6 +425,7 @@ class Worker:
             self._shut_down()
         finally:
             self._done.set()
+            self._stopping.set()  # ends the supervisor
             self._beat_wake.set()
             for _ in range(self.concurrency):
                 self._work.put(None)
@@ -447,14 +471,16 @@ class Worker:
                 self._beat_wake.set()
 
     def _shut_down(self) -> None:
+        self._stopping.set()
+        if self._deadline is None:  # a KeyboardInterrupt: the supervisor may not have run yet
+            self._deadline = time.monotonic() + self.shutdown_deadline
         with self._cond:
             running = list(self._held.values())
         for run in running:
-            run.request_stop()
-        deadline = time.monotonic() + self.shutdown_deadline
+            run.request_stop()  # including leases the last acquire brought in
         with self._cond:
-            while self._held and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            while self._held and time.monotonic() < self._deadline:
+                self._cond.wait(max(0.0, self._deadline - time.monotonic()))
             left = list(self._held.values())
         for run in left:
             # Still running at the deadline: give the lease back; whatever the body does now is not reported.
