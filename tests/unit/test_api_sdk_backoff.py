@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
-import tests.support.sdk  # noqa: F401
 from koala_worker import backoff_delay
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-import tests.support.sdk  # noqa: F401
 from koala_worker import (
     ABSENT,
     Miss,
@@ -34,7 +32,11 @@ def test_a_retryable_error_is_retryable_with_its_delay() -> None:
         "message": "provider timed out",
         "retry_after": 5,
     }
-    assert failure_payload(ProviderDown("down")) == {"classification": "retryable", "error_class": "ProviderDown", "message": "down"}
+    assert failure_payload(ProviderDown("down")) == {
+        "classification": "retryable",
+        "error_class": "ProviderDown",
+        "message": "down",
+    }
 
 
 def test_a_step_failure_is_typed_by_its_code_or_its_class() -> None:
@@ -66,7 +68,9 @@ def test_an_empty_message_names_the_class_and_a_long_one_is_cut() -> None:
 
 def test_reconcile_answers_become_the_lookup_of_the_next_begin() -> None:
     found = OperationResult(external_id="ch_1", data={"charge": "ch_1"}, cost_minor=1200)
-    assert lookup_payload(found) == {"found": {"external_id": "ch_1", "data": {"charge": "ch_1"}, "cost_minor": 1200, "usage": None}}
+    assert lookup_payload(found) == {
+        "found": {"external_id": "ch_1", "data": {"charge": "ch_1"}, "cost_minor": 1200, "usage": None}
+    }
     assert lookup_payload(ABSENT) == {"absent": True}
     assert lookup_payload(Miss(30)) == {"miss": {"window_seconds": 30}}
     assert lookup_payload(Processing(5.5)) == {"processing": {"window_seconds": 5.5}}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-import tests.support.sdk  # noqa: F401  (koala_worker on sys.path)
 from koala_worker import (
     AlreadyRecorded,
     ApiError,

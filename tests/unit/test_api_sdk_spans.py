@@ -6,11 +6,10 @@ import re
 import threading
 
 import pytest
-
-import tests.support.sdk  # noqa: F401
 from koala_worker import Client, Lease, StopRequested, Worker
 from koala_worker.errors import Abandon
 from koala_worker.worker import LeaseRun
+
 from tests.unit.test_api_sdk_lease import LEASE
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -80,7 +79,7 @@ def test_no_spans_no_usage_and_two_models_are_left_to_the_server() -> None:
 def test_a_span_records_the_error_class_that_ended_it() -> None:
     _, ctx = _ctx()
     with pytest.raises(ZeroDivisionError), ctx.span("divide"):
-        1 / 0  # noqa: B018
+        1 / 0
     [span] = ctx.spans.wire()
     assert span["attributes"] == {"error": "ZeroDivisionError"}
 
