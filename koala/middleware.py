@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 NUL = "\x00"
 
@@ -19,18 +22,61 @@ class RejectNulBytesMiddleware:
     its own parameters.
     """
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    sync_capable = True
+    async_capable = True  # under ASGI, never a thread per request (see koala.redaction.RedactionMiddleware)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        refusal = self._refusal(request)
+        if iscoroutinefunction(self):
+            return self._acall(request, refusal)
+        return refusal or self.get_response(request)
+
+    async def _acall(self, request: HttpRequest, refusal: HttpResponse | None) -> HttpResponse:
+        return refusal or await self.get_response(request)
+
+    @staticmethod
+    def _refusal(request: HttpRequest) -> HttpResponse | None:
         where = nul_in_request(request)
-        if where is not None:
-            return HttpResponseBadRequest(
-                f"Bad request: {where} contains a NUL character (%00), which Koala never accepts. "
-                "Remove it and send the request again.\n",
-                content_type="text/plain; charset=utf-8",
-            )
-        return self.get_response(request)
+        if where is None:
+            return None
+        return HttpResponseBadRequest(
+            f"Bad request: {where} contains a NUL character (%00), which Koala never accepts. "
+            "Remove it and send the request again.\n",
+            content_type="text/plain; charset=utf-8",
+        )
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, usable in both modes: its own ``__call__`` is sync only, which under the ASGI
+    server would put every request (a long-polling acquire too) on a thread of its own. The file
+    lookup is a dictionary read (a stat with autorefresh, in development), so it runs inline."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        super().__init__(get_response)
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if not iscoroutinefunction(self):
+            return super().__call__(request)
+        return self._acall(request)
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        if self.autorefresh:
+            static_file = self.find_file(request.path_info)
+        else:
+            static_file = self.files.get(request.path_info)
+        if static_file is not None:
+            return self.serve(static_file, request)
+        return await self.get_response(request)
 
 
 def nul_in_request(request: HttpRequest) -> str | None:

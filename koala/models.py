@@ -42,6 +42,9 @@ class AuditAction(models.TextChoices):
     EXPORT_CANCEL = "export.cancel", "export.cancel: cancel an export"
     EXPORT_DOWNLOAD = "export.download", "export.download: download an export"
     EXPORT_GRANT_ACCESS = "export.grant_access", "export.grant_access: grant access to an account's exports"
+    # API keys (api.keys). A person's key reading run data writes READ rows like any person.
+    API_KEY_CREATED = "api_key.create", "api_key.create: create an API key"
+    API_KEY_REVOKED = "api_key.revoke", "api_key.revoke: revoke an API key"
 
 
 class AuditEvent(models.Model):

@@ -34,6 +34,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus, urlencode, urlsplit, urlunsplit
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
@@ -375,12 +377,25 @@ class RedactionMiddleware:
     """Binds one redaction context per request (``Redactor.for_request``), first in MIDDLEWARE so
     that logging, Sentry and pages of the whole request share it."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    # Both modes: under the ASGI server (koala/asgi.py) a sync-only middleware would run every
+    # async view, the worker API's minute-long acquire included, on a thread of its own.
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self._acall(request)
         with bind(Redactor.for_request(request)):
             return self.get_response(request)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        with bind(Redactor.for_request(request)):
+            return await self.get_response(request)
 
 
 # -- the module-level API: the current context plus what the caller knows ----------------------

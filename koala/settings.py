@@ -74,6 +74,12 @@ try:
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
+    # The worker API (docs/worker-api.md): the long-poll's idle look interval (never more than
+    # twice a second), how long an acquire waits, the largest body, the API's database threads.
+    KOALA_API_POLL_SECONDS = env.number("KOALA_API_POLL_SECONDS", 1.0, minimum=0.5)
+    KOALA_API_ACQUIRE_WAIT_SECONDS = env.number("KOALA_API_ACQUIRE_WAIT_SECONDS", 60.0, minimum=1.0)
+    KOALA_API_MAX_BODY_BYTES = env.integer("KOALA_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
+    KOALA_API_DB_THREADS = env.integer("KOALA_API_DB_THREADS", 16, minimum=1)
     # Consecutive crashed/fatal attempts of one kind that pause it (0 turns the breaker off).
     KOALA_BREAKER_THRESHOLD = env.integer("KOALA_BREAKER_THRESHOLD", 5, minimum=0)
     # How long a reviewer has to decide, and how long an approval stays usable.
@@ -83,6 +89,9 @@ try:
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")
+    # The worker API's keys (api/keys.py): how long a process trusts a key it has checked before it
+    # checks all it holds again (one query); a revoke reaches the other processes sooner, on Redis.
+    KOALA_API_KEY_CACHE_SECONDS = env.number("KOALA_API_KEY_CACHE_SECONDS", 30.0, minimum=0.0)
     KOALA_REDACT_EXTRA_PATTERNS = env.string_list("KOALA_REDACT_EXTRA_PATTERNS", [])
     # The console's worker health (R3): alive but nothing started or finished for this long is
     # "stuck"; this many short-lived starts of one host/queue set within the window is a crash loop.
@@ -196,7 +205,7 @@ MIDDLEWARE = [
     "koala.redaction.RedactionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files come from the app itself (no CDN, no extra web server); right after security headers.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "koala.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable (koala/middleware.py)
     # Before anything reads the session or a parameter: a NUL would reach PostgreSQL (DataError, 500).
     "koala.middleware.RejectNulBytesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -209,6 +218,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "koala.urls"
 WSGI_APPLICATION = "koala.wsgi.application"
+ASGI_APPLICATION = "koala.asgi.application"
 
 TEMPLATES = [
     {

@@ -17,4 +17,6 @@ urlpatterns = [
     path("admin/console/", include("console.urls")),
     path("admin/", admin.site.urls),
     path("exports/", include("exports.urls")),
+    # The HTTP API: the worker protocol and the job calls, behind scoped keys (docs/worker-api.md).
+    path("api/v1/", include("api.urls")),
 ]

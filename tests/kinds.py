@@ -13,7 +13,7 @@ from typing import Any
 
 from workers.context import JobContext
 from workers.errors import Retryable, TerminalFailure
-from workers.kinds import job_kind
+from workers.kinds import job_kind, remote_kind
 from workers.models import Delivery
 
 
@@ -337,3 +337,10 @@ job_kind(
     backoff_cap=0.02,
     sensitive_fields={"pin", "dossier"},
 )(_careless_body)
+
+
+# -- kinds served by HTTP workers (tests/*/test_api_*) ----------------------------------------------
+remote_kind("http.probe", version=1, queue="default", max_attempts=3, timeout_seconds=60.0, sensitive_fields={"secret"})
+remote_kind("http.probe", version=2, queue="default", max_attempts=3, timeout_seconds=60.0, sensitive_fields={"secret"})
+remote_kind("http.once", version=1, queue="default", delivery=Delivery.AT_MOST_ONCE, max_attempts=1, timeout_seconds=60.0)
+remote_kind("http.charge", version=1, queue="default", max_attempts=3, critical={"charge": {"above_minor": 1000}})

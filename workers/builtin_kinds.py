@@ -10,7 +10,7 @@ from typing import Any
 from workers import doorbell
 from workers.context import JobContext
 from workers.errors import Retryable, TerminalFailure
-from workers.kinds import job_kind
+from workers.kinds import job_kind, remote_kind
 
 
 @job_kind("noop", version=1, queue="default", max_attempts=3, timeout_seconds=30)
@@ -69,3 +69,8 @@ def flaky(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     if ctx.attempt < int(data.get("succeed_on", 2)):
         raise Retryable(f"demo transient failure on attempt {ctx.attempt}")
     return {"succeeded_on_attempt": ctx.attempt}
+
+
+# A kind whose bodies run in workers over HTTP (docs/worker-api.md): Koala holds its contract;
+# the examples (sdk/python, examples/node-worker) and the curl walk-through serve it.
+remote_kind("http.echo", version=1, queue="default", max_attempts=3, timeout_seconds=60.0)

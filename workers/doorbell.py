@@ -26,6 +26,10 @@ from rq.queue import EnqueueData
 log = logging.getLogger(__name__)
 
 ENTRY = "workers.runtime.deliver"
+# Published with the queue's name on every ring: the HTTP worker API's long-poll (api.poller)
+# subscribes, so waiting HTTP workers wake when work comes due, like RQ workers blocked in BLPOP.
+# A hint only: a missed message costs at most one poll interval (KOALA_API_POLL_SECONDS).
+CHANNEL = "koala:doorbell"
 HOPS = "koala_hops"  # message meta: how many workers have passed this doorbell on (see pass_on)
 _connection: Redis | None = None
 
@@ -62,6 +66,7 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
     """
     limit = settings.KOALA_DOORBELL_DEPTH if depth is None else depth
     try:
+        redis_connection().publish(CHANNEL, queue)
         q = rq_queue(queue)
         room = limit - q.count
         if room <= 0:

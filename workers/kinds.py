@@ -55,6 +55,10 @@ class JobKind:
     # Non-empty: an operator's retry of a finished job is refused with this advice (the kind has
     # its own way to try again, e.g. an export is requested anew).
     retry_instead: str = ""
+    # Served by workers over HTTP (docs/worker-api.md): the server holds the contract (queue,
+    # delivery, retries, time limits, sensitive fields, critical operations); the body lives in
+    # the worker. An RQ worker never claims such a kind (``runnable``).
+    remote: bool = False
 
     def is_critical(self, operation: str, params: dict[str, Any], amount_minor: int | None) -> bool:
         rule = self.critical.get(operation)
@@ -129,6 +133,25 @@ def job_kind(name: str, *, version: int = 1, **policy: Any) -> Callable[[Body], 
     return decorate
 
 
+def _remote_body(ctx: JobContext, data: dict[str, Any]) -> Any:
+    raise RuntimeError("this kind's body runs in HTTP workers (kinds.remote_kind); it has no body here")
+
+
+def remote_kind(name: str, *, version: int = 1, **policy: Any) -> JobKind:
+    """Declare a kind whose bodies run in workers over HTTP: its contract, without a body here.
+
+    remote_kind("billing.send_invoice", version=2, queue="billing", max_attempts=5,
+                sensitive_fields={"iban"}, critical={"charge": {"above_minor": 10_000}})
+    """
+    for key in ("sensitive_fields", "required_fields"):
+        if key in policy:
+            policy[key] = frozenset(policy[key])
+    existing = _registry.get((name, version))
+    if existing is not None and existing.remote:
+        return existing  # the same declaration imported twice
+    return register(JobKind(name=name, version=version, body=_remote_body, remote=True, **policy))
+
+
 def unregister(name: str, version: int) -> None:
     """Drop a kind from this process (tests simulating a worker without it)."""
     _registry.pop((name, version), None)
@@ -160,7 +183,13 @@ def job_redactor(job: Job) -> Redactor:
 
 
 def served() -> list[JobKind]:
+    """Every kind Koala knows (the ones with a body here and the remote ones)."""
     return sorted(_registry.values(), key=lambda k: (k.name, k.version))
+
+
+def runnable() -> list[JobKind]:
+    """The kinds whose bodies run in this process: what an RQ worker serves (never a remote kind)."""
+    return [k for k in served() if not k.remote]
 
 
 def load_configured_kinds() -> None:

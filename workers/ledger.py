@@ -518,3 +518,23 @@ def run_operation(ctx: JobContext, name: str, **options: Any) -> dict[str, Any]:
     # perform()/reconcile() log and raise with the step's parameters in hand: mask those too.
     with redaction.bind(ledger.redactor):
         return ledger.run()
+
+
+def settle_call(ctx: JobContext, *, operation: Operation, perform: Perform) -> dict[str, Any]:
+    """Finish a call whose request was made elsewhere: an HTTP worker began the step with
+    ``run_operation`` (its perform handed off once the row was in flight), called the provider
+    itself and reported what came back; ``perform`` returns or raises that answer. From here on it
+    is the same code path as a local call: settled, budget spent or released, the row's state."""
+    ledger = _Ledger(
+        ctx,
+        operation.name,
+        kind=operation.kind,
+        params=dict(operation.params or {}),
+        perform=perform,
+        key=operation.key,
+        estimate_minor=operation.estimate_minor,
+        amount_minor=operation.amount_minor,
+        target=operation.target,
+    )
+    with redaction.bind(ledger.redactor):
+        return ledger._call(operation.pk, [list(r) for r in operation.reservations or []])

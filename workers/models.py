@@ -299,6 +299,10 @@ class WorkerProcess(models.Model):
     # The latest exits under this name, oldest first: {"at": ISO time, "exit": WorkerExit,
     # "pid": int, "detail": str}. For DIED, "at" is the last sign of life (last_seen_at).
     recent_exits = models.JSONField(default=list, blank=True, help_text="The latest exits under this name (at most 20).")
+    # An HTTP worker's declared concurrency (docs/worker-api.md): the most leases it may hold.
+    concurrency = models.PositiveIntegerField(default=1, help_text="The most leases it holds at once (HTTP workers).")
+    # The prefix of the API key an HTTP worker registered with: only that key may act as it.
+    api_key = models.CharField(max_length=32, blank=True, default="", help_text="Prefix of the registering API key.")
 
     class Meta:
         ordering = ["-last_seen_at"]
@@ -312,6 +316,31 @@ class WorkerProcess(models.Model):
         """Silence after which a worker that recorded no exit is taken as gone: a lease, and
         never less than three missed heartbeats."""
         return max(float(settings.KOALA_LEASE_SECONDS), 3 * float(settings.KOALA_HEARTBEAT_SECONDS))
+
+
+class Span(models.Model):
+    """One span of an attempt's trace: the step span Koala opened for the attempt (no parent) and
+    the spans an HTTP worker's body recorded under it. ``usage`` is the span's own (exclusive of
+    its children); the step's usage is the sum over its spans unless the body set it explicitly."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="spans")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="spans")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_id = models.CharField(max_length=16, blank=True, default="")
+    name = models.CharField(max_length=200)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    attributes = models.JSONField(default=dict, blank=True, help_text="Redacted.")
+    usage = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["attempt", "span_id"], name="span_one_id_per_attempt")]
+        indexes = [models.Index(fields=["trace_id"], name="span_trace_idx")]
+        ordering = ["attempt_id", "id"]
+
+    def __str__(self) -> str:
+        return f"span {self.name} of job {self.job_id}"
 
 
 # -- The safety layer: operations ledger, budgets, prices, pauses -----------------------------

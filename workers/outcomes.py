@@ -21,6 +21,9 @@ decision to the one fenced lease service call (workers.services.leases).
     Raised(TerminalFailure)                  Fail terminal
     Raised(anything else)                    Fail fatal
     Unservable(worker, earlier)              Release unservable    (backoff 0.5 s doubling, ≤ 30 s)
+    Reported(retryable)                      RetryLater / Fail attempts_exhausted   (an HTTP worker's fail call)
+    Reported(terminal)                       Fail terminal
+    Reported(fatal)                          Fail fatal
     Stale / Interrupted(stale) / any ending
       but Returned after a rejection         Discard               (nothing this attempt says counts)
 """
@@ -148,7 +151,18 @@ class Unservable:
     earlier: int
 
 
-Ending = Returned | Parked | Reconciling | StoppedForPause | Interrupted | Stale | Raised | Unservable
+@dataclass(frozen=True)
+class Reported:
+    """A worker elsewhere (the HTTP protocol's fail call) reported how its body failed: the
+    classification, the error's class name and its message (text only, never a stack trace)."""
+
+    classification: Classification  # RETRYABLE, TERMINAL or FATAL
+    error_class: str
+    message: str
+    retry_after: float | None = None
+
+
+Ending = Returned | Parked | Reconciling | StoppedForPause | Interrupted | Stale | Raised | Unservable | Reported
 
 # -- decisions: the one lease transition to record -------------------------------------------------
 
@@ -287,6 +301,15 @@ def decide(
             return _failure(error, FailureReason.TERMINAL, lease, kind, redactor, rng)
         case Raised(error=error):
             return _failure(error, FailureReason.FATAL, lease, kind, redactor, rng)
+        case Reported(classification=classification, error_class=error_class, message=message, retry_after=retry_after):
+            text = redactor.text(message)
+            if classification is Classification.RETRYABLE:
+                if lease.attempts < lease.max_attempts:
+                    delay = retry_after if retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
+                    return RetryLater(delay_seconds=delay, error_class=error_class, message=text)
+                return Fail(reason=FailureReason.ATTEMPTS_EXHAUSTED, error_class=error_class, message=text)
+            reason = FailureReason.TERMINAL if classification is Classification.TERMINAL else FailureReason.FATAL
+            return Fail(reason=reason, error_class=error_class, message=text)
     raise TypeError(f"not an ending: {ending!r}")
 
 

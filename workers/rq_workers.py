@@ -142,7 +142,7 @@ class _Presence:
                     "hostname": hostname,
                     "pid": pid,
                     "queues": self.worker.queue_names(),
-                    "kinds": [k.key for k in kinds.served()],
+                    "kinds": [k.key for k in kinds.runnable()],
                     "worker_class": type(self.worker).__name__,
                     "started_at": now,
                     "last_seen_at": now,

@@ -19,9 +19,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +31,7 @@ from workers import doorbell, kinds, outcomes
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
 from workers.models import Attempt, Outcome, Scope
+from workers.reporting import transition
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
 from workers.services.leases import Lease, Report
@@ -183,7 +183,7 @@ class WorkerRuntime:
     def run(self, lease: Lease) -> None:
         """Run one claimed attempt to its end, then record that end: ending → decide → _report."""
         kind = kinds.get(lease.kind, lease.version)
-        if kind is None:
+        if kind is None or kind.remote:
             # Back off while no worker serving it shows up (an old worker alone during a deploy),
             # so the attempt log grows by a few rows per minute, not one per second.
             earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
@@ -252,33 +252,18 @@ class WorkerRuntime:
         names, retried through a dropped connection, each rejection handled by name."""
         report = report or Report()
         attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
-        fence = {"job_id": lease.job_id, "lease_token": lease.lease_token}
-        service: Callable[[], Rejection | None]
         match decision:
             case outcomes.Discard(rejection=stale):
                 if stale is not None:
                     log.info("job %s attempt %s stopped after rejection %s", lease.job_id, lease.attempts, stale.value)
-                return None
-            case outcomes.Complete(result=result, state_delta=state_delta):
-                reporting = Outcome.SUCCEEDED
-                service = partial(leases.complete, **fence, result=result, state_delta=state_delta, report=report)
-            case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
-                reporting = Outcome.RETRY
-                service = partial(
-                    leases.retry_later, **fence, delay_seconds=delay, error_class=error_class, message=message, report=report
-                )
-            case outcomes.Fail(reason=reason, error_class=error_class, message=message):
-                reporting = Outcome.FAILED
-                service = partial(leases.fail, **fence, reason=reason, error_class=error_class, message=message, report=report)
-            case outcomes.Park(reason=reason, detail=detail, parked_on=parked_on):
+            case outcomes.Park(reason=reason, detail=detail):
                 log.info("%s parked (%s): %s", attempt, reason, detail)
-                reporting = Outcome.PARKED
-                service = partial(leases.park, **fence, reason=reason, detail=detail, parked_on=parked_on, report=report)
             case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
-                # No report: a released attempt used nothing (its row records only the outcome).
                 log.info("%s released (%s), due again in %.1f s: %s", attempt, outcome, delay, message)
-                reporting = outcome
-                service = partial(leases.release, **fence, outcome=outcome, message=message, delay_seconds=delay)
+        planned = transition(decision, lease, report)
+        if planned is None:
+            return None
+        reporting, service = planned
         rejection: Rejection | None = None
         for retry in range(4):
             try:
@@ -317,7 +302,7 @@ class WorkerRuntime:
             return self._drain(first_job_id=first_job_id, origin_queue=origin_queue)
 
     def _drain(self, *, first_job_id: int | None, origin_queue: str) -> int:
-        served = [k.key for k in kinds.served()]
+        served = [k.key for k in kinds.runnable()]
         queues = self.queues or [origin_queue]
         batch = int(settings.KOALA_DRAIN_BATCH)
         stop_at = time.monotonic() + float(settings.KOALA_DRAIN_SECONDS)

@@ -139,6 +139,13 @@ WITH picked AS (
 SELECT {columns} FROM c JOIN a ON a.job_id = c.id
 """
 
+# The lease attempt %s holds (or held): the job as a Lease with the attempt's own fencing token,
+# plus the attempt's worker and outcome. For the HTTP protocol, whose calls name the attempt.
+LEASE_OF_ATTEMPT = (
+    "SELECT " + LEASE_COLUMNS.replace("c.lease_token", "a.lease_token") + ", a.worker_id, a.outcome "
+    "FROM workers_job c JOIN workers_attempt a ON a.job_id = c.id WHERE a.id = %s"
+)
+
 # Claim job %(job_id)s if it is queued, due, not paused and of a served "kind@version". It filters
 # on what this worker serves exactly like CLAIM_NEXT: a doorbell can reach any worker listening on
 # the queue (during a rolling deploy, one without the job's version), and a worker that claimed

@@ -33,6 +33,7 @@ from django.contrib.auth.models import User
 from django.core.management import ManagementUtility, get_commands, load_command_class
 from django.db import connection
 
+from api.keys import create_key, revoke_key
 from exports.demo_data import generate_events
 from exports.models import Account
 from exports.services import request_export
@@ -44,7 +45,7 @@ from workers.services.jobs import enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-KOALA_APPS = ("koala", "workers", "effects", "reviews", "console", "exports", "devtools")
+KOALA_APPS = ("koala", "workers", "effects", "reviews", "console", "exports", "api", "devtools")
 # Options every Django command has; Koala's table covers the ones Koala's commands define.
 DJANGO_DESTS = {"help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
 
@@ -93,6 +94,7 @@ PAUSE_DEFAULT = ("--queue", "default", "--reason", "maintenance")
 EXPORT_CREATE = ("create", "--user", "alice", "--account", "acme")
 EXPORT_DATES = ("--from", "2026-01-01", "--to", "2026-01-31")
 BUDGET_NEW = ("create", "b2", "--scope", "global")
+KEY_NEW = ("create", "--name", "ci", "--scope", "worker")
 
 TABLE: dict[str, list[Case]] = {
     "koala_beat": [
@@ -309,6 +311,33 @@ TABLE: dict[str, list[Case]] = {
         c("clean", "--nope", names="--nope"),
         c("clean", "extra", names="extra"),
     ],
+    "koala_apikey": [
+        c(names="action"),
+        c("nope", names="action"),
+        c("create", "--scope", "worker", names="--name"),
+        *[c("create", "--name", value, "--scope", "worker", names="--name") for value in ("", "n" * 101, NUL, SURROGATE)],
+        c("create", "--name", "ci", names="--scope"),
+        *[c("create", "--name", "ci", "--scope", value, names="--scope") for value in ("root", "", NUL, "Worker")],
+        c("create", "--name", "ci", "--scope", names="--scope"),
+        c(*KEY_NEW, "--person", "nope", names="person"),
+        c(*KEY_NEW, "--person", "bob", "--person", "", names="--person"),
+        *[c(*KEY_NEW, "--person", value, names="--person") for value in (NUL, SURROGATE, "u" * 151, "bad name!")],
+        c(*KEY_NEW, "--person", "inactive", names="person"),
+        *[
+            c(*KEY_NEW, "--expires-in-days", value, names="--expires-in-days")
+            for value in ("0", "-1", "1.5", "abc", "3661", HUGE)
+        ],
+        *actor_cases(*KEY_NEW),
+        c(*KEY_NEW, "--nope", names="--nope"),
+        c("list", "--nope", names="--nope"),
+        c("list", "extra", names="extra"),
+        c("revoke", names="prefix"),
+        *[c("revoke", value, names="prefix") for value in ("abc", "kk_", "KK_0123ABCD", "0123abcd0", NUL, SURROGATE, "")],
+        c("revoke", "0123abcd", names="key"),
+        c("revoke", "{revoked_key}", names="key"),
+        *actor_cases("revoke", "{apikey}"),
+        c("revoke", "{apikey}", "--nope", names="--nope"),
+    ],
     "koala_demo_data": [
         *[c("--rows", "10", "--days", value, names="--days") for value in ("0", "36501", "abc", HUGE)],
         c("--rows", "10", "--truncate", "--days", "0", names="--days"),
@@ -455,6 +484,10 @@ def seeds(
     budgets.create_budget(name="b1", scope="global", actor="setup")
     budgets.set_model_price(model="m-small", input_minor_per_mtok=300, output_minor_per_mtok=1500, actor="setup")
     pause = pauses.pause(scope="queue", target="bulk", reason="held for the resume cases", actor="setup").pk
+    User.objects.create_user("inactive", password="x", is_active=False)
+    apikey = create_key(name="seed", scopes=["worker"], actor="setup")[0].prefix
+    revoked_key = create_key(name="seed, revoked", scopes=["worker"], actor="setup")[0]
+    revoke_key(key_id=revoked_key.pk, actor="setup")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -464,6 +497,8 @@ def seeds(
             "review": str(review),
             "export": str(export.pk),
             "pause": str(pause),
+            "apikey": apikey,
+            "revoked_key": "kk_" + revoked_key.prefix,
             "busy_port": str(busy.getsockname()[1]),
         }
 
@@ -591,6 +626,24 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
         ["koala_resume", seeds["pause"], "--note", "", "--actor", "ops"],
         ["koala_export", "cancel", seeds["export"], "--user", "alice", "--reason", "not needed"],
         ["koala_demo", "--username", "demo.admin", "--no-jobs"],
+        [
+            "koala_apikey",
+            "create",
+            "--name",
+            "ci",
+            "--scope",
+            "worker",
+            "--scope",
+            "execute",
+            "--person",
+            "bob",
+            "--expires-in-days",
+            "30",
+            "--actor",
+            "ops",
+        ],
+        ["koala_apikey", "list"],
+        ["koala_apikey", "revoke", seeds["apikey"], "--actor", "ops"],
     ]
     for argv in ok:
         outcome = run_in_process(argv)

@@ -192,6 +192,39 @@ TABLE: list[tuple[str, outcomes.Ending, outcomes.Decision | dict[Any, outcomes.D
         Raised.of(TerminalFailure("account closed", code="unauthorized")),
         Fail(reason=FailureReason.TERMINAL, error_class="TerminalFailure:unauthorized", message="account closed"),
     ),
+    # An HTTP worker's fail call (api.protocol.fail): the worker names the class, the server decides.
+    (
+        "reported-retryable",
+        outcomes.Reported(classification=Classification.RETRYABLE, error_class="ProviderTimeout", message="smtp said 451"),
+        retry_or_exhausted("ProviderTimeout", "smtp said 451"),
+    ),
+    (
+        "reported-retryable-with-retry-after-redacted",
+        outcomes.Reported(
+            classification=Classification.RETRYABLE, error_class="Slow", message="echoed 8d1f-secret-pin", retry_after=7.0
+        ),
+        {
+            **{
+                (d, 0): Fail(reason=FailureReason.ATTEMPTS_EXHAUSTED, error_class="Slow", message="echoed [redacted]")
+                for d in (ALO, AMO)
+            },
+            **{
+                (d, left): RetryLater(delay_seconds=7.0, error_class="Slow", message="echoed [redacted]")
+                for d in (ALO, AMO)
+                for left in (1, "many")
+            },
+        },
+    ),
+    (
+        "reported-step-failure",
+        outcomes.Reported(classification=Classification.TERMINAL, error_class="InvalidAccount", message="closed"),
+        Fail(reason=FailureReason.TERMINAL, error_class="InvalidAccount", message="closed"),
+    ),
+    (
+        "reported-fatal",
+        outcomes.Reported(classification=Classification.FATAL, error_class="KeyError", message="'total'"),
+        Fail(reason=FailureReason.FATAL, error_class="KeyError", message="'total'"),
+    ),
     (
         "raised-anything-else",
         Raised.of(KeyError("total")),

@@ -72,6 +72,26 @@ def _lease(row: Sequence[Any]) -> Lease:
     return Lease(*values)
 
 
+@dataclass(frozen=True)
+class HeldLease:
+    """Attempt ``lease.attempt_id`` as the HTTP protocol finds it: its lease, who holds it, and
+    the outcome already recorded for it (None while it runs)."""
+
+    lease: Lease
+    worker_id: str
+    outcome: str | None
+
+
+def lease_of(*, attempt_id: int) -> HeldLease | None:
+    """The lease attempt ``attempt_id`` holds or held (a read; the fence is each write's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.LEASE_OF_ATTEMPT, [attempt_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return HeldLease(lease=_lease(row[:-2]), worker_id=row[-2], outcome=row[-1])
+
+
 def _claim(statement: str, params: dict[str, Any], *, gated: bool) -> Lease | None:
     """Claim under the gates: live pauses (in the SQL) and budgets (admit_claim, same transaction).
 
@@ -116,7 +136,7 @@ def claim_job(
     A duplicate delivery finds it running or finished and gets None: a no-op. So does a
     doorbell for a job this worker does not serve; ``misdelivered`` tells that case apart.
     """
-    pairs = [k.key for k in kinds.served()] if served is None else list(served)
+    pairs = [k.key for k in kinds.runnable()] if served is None else list(served)
     try:
         return _claim(sql.CLAIM_JOB, {"job_id": job_id, "served": pairs, "worker": worker, "lease": lease_seconds}, gated=gated)
     except ClaimBlocked:

@@ -131,7 +131,7 @@ def _free_port() -> int:
 
 
 class Command(BaseCommand):
-    help = "Run the local demo: migrate, koala_demo, then runserver + koala_worker + koala_beat until Ctrl-C."
+    help = "Run the local demo: migrate, koala_demo, then the web server (uvicorn) + koala_worker + koala_beat until Ctrl-C."
     # Checks run in handle(), once DEBUG is settled (koala.E001 refuses the dev SECRET_KEY without it).
     requires_system_checks: list[str] = []
 
@@ -188,8 +188,25 @@ class Command(BaseCommand):
         host = f"[{options['host']}]" if ":" in options["host"] else options["host"]  # IPv6, as runserver reads it
         address = f"{host}:{options['port']}"
         children = [
-            # --insecure: serve the admin's static files even if the user set DEBUG=false.
-            Child("web", [*manage, "runserver", "--noreload", "--insecure", address]),
+            # The ASGI server production runs (koala/asgi.py): the admin and console, and the worker
+            # API whose acquire long-polls (docs/worker-api.md). Static files come from WhiteNoise.
+            Child(
+                "web",
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "koala.asgi:application",
+                    "--app-dir",
+                    str(settings.BASE_DIR),
+                    "--host",
+                    options["host"],
+                    "--port",
+                    str(options["port"]),
+                    "--timeout-graceful-shutdown",
+                    "5",
+                ],
+            ),
             Child("worker", [*manage, "koala_worker"]),
             Child("beat", [*manage, "koala_beat"]),
         ]

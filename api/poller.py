@@ -1,0 +1,287 @@
+"""The long-poll hub: one poller per server process serves every waiting acquire.
+
+Waiting costs one open request per idle worker and nothing else:
+
+- A waiting acquire is a future in ``Hub.waiters``; no request polls the database by itself.
+- The hub looks for work when the Redis doorbell rings (``workers.doorbell.CHANNEL``: enqueue,
+  the dispatcher re-ringing due retries and unparked jobs, a passed-on doorbell), when a worker
+  whose last look found work asks again, and otherwise once every ``KOALA_API_POLL_SECONDS``
+  (default 1 s, at least 0.5 s: never more than twice a second) — for all waiters at once.
+- An idle look is one index probe (``protocol.any_due``) whatever the number of waiters; a worker
+  that asks again while nothing has rung since its signature's last empty look waits for the
+  next ring or tick instead of costing a query.
+- Claims run in the hub's thread pool (persistent database connections, bounded in number);
+  the event loop only moves futures.
+- Presence (``last_seen_at``) of the waiting workers is written in one UPDATE every 10 s.
+
+A lease claimed for a request that ended meanwhile (timeout, disconnect) is given back at once
+(``protocol.give_back``, no attempt used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from api import protocol
+from api.protocol import ClaimPass, Registration
+from workers import doorbell
+from workers.services.leases import Lease
+
+log = logging.getLogger("koala.api")
+T = TypeVar("T")
+PRESENCE_SECONDS = 10.0
+PASS_SECONDS = 1.0  # how long one round's view of pauses and budget gating is reused
+
+
+class OverConcurrency(Exception):
+    """The worker already holds as many leases as its concurrency allows."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(held)
+        self.held = held
+
+
+@dataclass(eq=False)
+class _Waiter:
+    registration: Registration
+    count: int
+    future: asyncio.Future[list[Lease]]
+    since: float = field(default_factory=time.monotonic)
+
+
+def _in_thread[T](fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    # A pool thread keeps its database connection between calls (CONN_MAX_AGE); this drops it if
+    # it is too old or broken, exactly as Django does between requests in a WSGI worker.
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.waiters: list[_Waiter] = []
+        threads = int(getattr(settings, "KOALA_API_DB_THREADS", 16))
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="koala-api-db")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._listener: threading.Thread | None = None
+        self._stopping = threading.Event()
+        # Signatures whose last look found nothing, cleared by every ring and tick.
+        self._empty: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        # Leases handed out through this process and not yet ended through it, per worker: an
+        # upper bound of what it holds, so the concurrency check needs no query in the common case.
+        self.handed: dict[str, set[int]] = {}
+        self._seen: set[str] = set()
+        self._last_presence = time.monotonic()
+        self._pass: tuple[float, ClaimPass] | None = None
+        self.rounds = 0
+        self.rings = 0
+
+    # -- the executor: every database call of the API goes through it ----------------------------
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the request's redaction context follows the call
+        call = functools.partial(context.run, _in_thread, fn, *args, **kwargs)
+        return await loop.run_in_executor(self.executor, call)
+
+    # -- acquire ---------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.loop is loop and self._task is not None and not self._task.done():
+            return
+        self.loop = loop
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._serve(), name="koala-api-poller")
+        if self._listener is None or not self._listener.is_alive():
+            self._listener = threading.Thread(target=self._listen, name="koala-api-doorbell", daemon=True)
+            self._listener.start()
+
+    async def acquire(self, registration: Registration, *, count: int, wait: float) -> list[Lease]:
+        """Up to ``count`` leases for ``registration``, or [] after ``wait`` seconds."""
+        self._ensure_started()
+        assert self.loop is not None and self._wake is not None
+        self._seen.add(registration.worker_id)
+        waiter = _Waiter(registration=registration, count=count, future=self.loop.create_future())
+        self.waiters.append(waiter)
+        if registration.signature not in self._empty:
+            self._wake.set()  # its last look found work (or it is new): look now
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout=wait)
+        except TimeoutError:
+            return []
+        finally:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+            if not waiter.future.done():
+                waiter.future.cancel()
+
+    def lease_ended(self, *, worker_id: str, lease_id: int) -> None:
+        self.handed.get(worker_id, set()).discard(lease_id)
+
+    def seen(self, worker_id: str) -> None:
+        self._seen.add(worker_id)
+
+    # -- the poller --------------------------------------------------------------------------------
+    def _tick_seconds(self) -> float:
+        return max(float(getattr(settings, "KOALA_API_POLL_SECONDS", 1.0)), 0.5)
+
+    async def _serve(self) -> None:
+        assert self._wake is not None
+        while not self._stopping.is_set():
+            rang = False
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._tick_seconds())
+                rang = True
+            except TimeoutError:
+                self._empty.clear()  # a tick: time-based work (retries, delays) may have come due
+            self._wake.clear()
+            try:
+                await self._round(rang=rang)
+                await self._presence()
+            except Exception:
+                # Never let the poller die: the database may be away; the next tick tries again.
+                log.exception("worker API poller round failed")
+                await asyncio.sleep(self._tick_seconds())
+
+    async def _round(self, *, rang: bool) -> None:
+        waiting = [w for w in self.waiters if not w.future.done()]
+        if not waiting:
+            return
+        # A ring during this round may announce work our claims ran too early to see: then what
+        # this round found empty is not recorded as empty (the ring's wake looks again).
+        rings = self.rings
+        if rang:
+            waiting = [w for w in waiting if w.registration.signature not in self._empty]
+        else:
+            queues = sorted({q for w in waiting for q in w.registration.queues})
+            if not await self.run(protocol.any_due, queues=queues):
+                if self.rings == rings:
+                    self._empty.update(w.registration.signature for w in waiting)
+                return
+        if not waiting:
+            return
+        self.rounds += 1
+        results, empty = await self.run(self._claim_round, waiting)
+        if self.rings == rings:
+            self._empty.update(empty)
+        for waiter, got in results:
+            if isinstance(got, OverConcurrency):
+                if not waiter.future.done():
+                    waiter.future.set_exception(got)
+                continue
+            if waiter.future.done():
+                # The request ended while we claimed for it: give the leases back, no attempt used.
+                await self.run(protocol.give_back, leases_=got)
+                continue
+            self.handed.setdefault(waiter.registration.worker_id, set()).update(lease.attempt_id for lease in got)
+            waiter.future.set_result(got)
+
+    def _claim_pass(self) -> ClaimPass:
+        now = time.monotonic()
+        if self._pass is None or now - self._pass[0] > PASS_SECONDS:
+            self._pass = (now, protocol.claim_pass())
+        return self._pass[1]
+
+    def _claim_round(
+        self, waiting: list[_Waiter]
+    ) -> tuple[list[tuple[_Waiter, list[Lease] | OverConcurrency]], set[tuple[tuple[str, ...], tuple[str, ...]]]]:
+        """In a pool thread: claim for the waiters in arrival order; one empty claim per signature.
+        Returns what each waiter got and the signatures found empty (the loop records them)."""
+        state = self._claim_pass()
+        results: list[tuple[_Waiter, list[Lease] | OverConcurrency]] = []
+        empty: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        for waiter in waiting:
+            registration = waiter.registration
+            if registration.signature in empty:
+                continue
+            count = waiter.count
+            handed = len(self.handed.get(registration.worker_id, ()))
+            if handed + count > registration.concurrency:
+                # Our estimate says it may be over: count exactly (leases end elsewhere too).
+                held = protocol.count_held(worker_id=registration.worker_id)
+                self.handed[registration.worker_id] = set()
+                if held + count > registration.concurrency:
+                    count = registration.concurrency - held
+                    if count <= 0:
+                        results.append((waiter, OverConcurrency(held)))
+                        continue
+            got = protocol.claim_for(registration, count=count, state=state)
+            if got:
+                results.append((waiter, got))
+            else:
+                empty.add(registration.signature)
+        return results, empty
+
+    async def _presence(self) -> None:
+        if time.monotonic() - self._last_presence < PRESENCE_SECONDS:
+            return
+        self._last_presence = time.monotonic()
+        seen = {w.registration.worker_id for w in self.waiters} | self._seen
+        self._seen = set()
+        if seen:
+            await self.run(protocol.touch_workers, worker_ids=sorted(seen))
+
+    # -- the doorbell ------------------------------------------------------------------------------
+    def _rang(self) -> None:
+        self.rings += 1
+        self._empty.clear()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _listen(self) -> None:
+        """A thread: subscribe to the doorbell (and key revocations); reconnect with backoff."""
+        from redis import Redis
+
+        from api import keys
+
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, health_check_interval=30)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(doorbell.CHANNEL, keys.REVOKED_CHANNEL)
+                delay = 0.5
+                # A reconnect may have missed rings: look once.
+                if self.loop is not None:
+                    self.loop.call_soon_threadsafe(self._rang)
+                while not self._stopping.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    channel = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
+                    if channel == keys.REVOKED_CHANNEL:
+                        data = message["data"]
+                        keys.forget_cached(data.decode() if isinstance(data, bytes) else str(data))
+                    elif self.loop is not None:
+                        self.loop.call_soon_threadsafe(self._rang)
+            except Exception as exc:  # Redis away: the tick keeps serving; try again later
+                log.warning("worker API doorbell subscription lost (%s); retrying in %.1f s", type(exc).__name__, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub() -> Hub:
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub()
+        return _hub

@@ -1,0 +1,785 @@
+"""The worker protocol's services: register, claim for a waiting worker, heartbeat, complete, fail,
+and the ledger's two calls. The views (api.views.worker) parse and call these; nothing here reads
+a request.
+
+The same engine as an RQ worker's, not a second one: the claim is ``leases.claim_next`` (pauses in
+its SQL, budgets admitted in its transaction), every later write is the fenced ``sql.LIVE_LEASE``
+statement chosen by ``workers.reporting.transition`` from ``outcomes.decide``, and operations go
+through ``workers.ledger``. An HTTP worker's attempt therefore ends, retries, parks and is reaped
+exactly as an RQ worker's does. What is HTTP's own: the lease token (a secret per lease), the
+worker's registration, and the span rows the body reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from api.http import ApiError, invalid
+from koala import redaction
+from workers import kinds, outcomes, targets
+from workers.context import JobContext
+from workers.errors import (
+    Declined,
+    NotPerformed,
+    OutcomeUnknown,
+    Park,
+    ReconcileLater,
+    Rejection,
+    Retryable,
+    StaleAttempt,
+    TerminalFailure,
+    UnknownName,
+)
+from workers.ledger import ABSENT, Miss, OperationResult, Processing, run_operation, settle_call
+from workers.models import Attempt, Operation, OperationState, Outcome, Scope, Span, WorkerExit, WorkerProcess
+from workers.reporting import transition
+from workers.services import budgets, leases, pauses
+from workers.services.budgets import ClaimBlocked
+from workers.services.leases import HeldLease, Lease, Report
+
+NAME_PATTERN = r"[A-Za-z0-9._@+-]{1,200}"  # what django-rq's worker pages can link to (workers.rq_pages)
+MAX_CONCURRENCY = 256
+MAX_SPANS = 1000
+MAX_MESSAGE_CHARS = 2000
+RECENT_STARTS_KEPT = 20
+REGISTRATION_CACHE_SECONDS = 30.0
+
+REJECTION_TEXT = {
+    Rejection.LEASE_EXPIRED: "the lease expired before this call and nobody has taken the job since; stop the body",
+    Rejection.LEASE_SUPERSEDED: "another attempt has claimed the job since; stop and report nothing for this lease",
+    Rejection.JOB_CANCELLED: "an operator cancelled the job; stop at the next safe point and report nothing",
+    Rejection.ALREADY_RECORDED: "this report was already recorded (a repeat after a lost reply); treat it as done",
+}
+
+
+def rejected(rejection: Rejection) -> ApiError:
+    """HTTP 409 with exactly one of the four reasons (R15)."""
+    return ApiError(409, rejection.value, REJECTION_TEXT[rejection])
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a worker serves, as the claim needs it: "kind@version" pairs, queues, concurrency."""
+
+    worker_id: str
+    served: tuple[str, ...]
+    queues: tuple[str, ...]
+    concurrency: int
+    key_prefix: str
+    steps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Workers with equal signatures can be served by one claim attempt (api.poller)."""
+        return self.queues, self.served
+
+
+_registrations: dict[str, tuple[float, Registration]] = {}
+_registrations_lock = threading.Lock()
+
+
+def register(
+    *,
+    key_prefix: str,
+    name: str | None,
+    hostname: str,
+    pid: int | None,
+    served_kinds: Sequence[tuple[str, int, Sequence[str]]],
+    queues: Sequence[str] | None,
+    concurrency: int,
+    sdk: str = "",
+) -> Registration:
+    """Record an HTTP worker in the worker-process record and return what it serves.
+
+    Every pair must be a kind Koala knows (its contract lives here); every queue a configured one.
+    Checked before anything is written. Registering again under a name replaces what it serves.
+    """
+    if not served_kinds:
+        raise invalid("kinds", "must name at least one kind")
+    pairs: list[str] = []
+    steps: dict[str, tuple[str, ...]] = {}
+    kind_queues: set[str] = set()
+    for kind_name, version, kind_steps in served_kinds:
+        kind = kinds.get(kind_name, version)
+        if kind is None:
+            known = sorted(k.key for k in kinds.served())
+            raise ApiError(
+                400, "unknown_kind", f"kinds: {kind_name}@{version} is not a kind Koala knows; known: {', '.join(known)}"
+            )
+        pairs.append(kind.key)
+        steps[kind.key] = tuple(kind_steps)
+        kind_queues.add(kind.queue)
+    chosen = sorted(set(queues)) if queues else sorted(kind_queues)
+    for queue in chosen:
+        try:
+            targets.check_queue(queue)
+        except UnknownName as exc:
+            raise ApiError(400, "unknown_queue", f"queues: {exc}") from None
+    worker_id = name or f"http.{hostname}.{pid if pid is not None else 0}"
+    now = timezone.now()
+    with transaction.atomic():
+        row = WorkerProcess.objects.select_for_update().filter(name=worker_id).first()
+        if row is not None and row.api_key and row.api_key != key_prefix and not row.stopped_at:
+            # Another key's worker holds the name: refuse rather than let one key act as another's worker.
+            raise ApiError(403, "forbidden", f"name: worker {worker_id!r} is registered with another API key")
+        starts = [*(row.recent_starts if row is not None else []), now.isoformat()][-RECENT_STARTS_KEPT:]
+        WorkerProcess.objects.update_or_create(
+            name=worker_id,
+            defaults={
+                "hostname": hostname[:255],
+                "pid": pid or 0,
+                "queues": chosen,
+                "kinds": sorted(set(pairs)),
+                "worker_class": ("http " + sdk)[:100].strip(),
+                "started_at": now,
+                "last_seen_at": now,
+                "stopped_at": None,
+                "recent_starts": starts,
+                "exit": WorkerExit.RUNNING,
+                "concurrency": concurrency,
+                "api_key": key_prefix,
+            },
+        )
+    registration = Registration(
+        worker_id=worker_id,
+        served=tuple(sorted(set(pairs))),
+        queues=tuple(chosen),
+        concurrency=concurrency,
+        key_prefix=key_prefix,
+        steps=steps,
+    )
+    with _registrations_lock:
+        _registrations[worker_id] = (time.monotonic(), registration)
+    return registration
+
+
+def registration(*, worker_id: str, key_prefix: str) -> Registration:
+    """The worker ``worker_id`` registered with key ``key_prefix`` (cached a short while), or 404.
+
+    A worker of another key is answered exactly like an unknown one: nothing about another key's
+    workers leaks.
+    """
+    with _registrations_lock:
+        cached = _registrations.get(worker_id)
+    if cached is not None and time.monotonic() - cached[0] < REGISTRATION_CACHE_SECONDS:
+        found: Registration | None = cached[1]
+    else:
+        row = WorkerProcess.objects.filter(name=worker_id, stopped_at__isnull=True).exclude(api_key="").first()
+        found = None
+        if row is not None:
+            found = Registration(
+                worker_id=row.name,
+                served=tuple(row.kinds),
+                queues=tuple(row.queues),
+                concurrency=row.concurrency,
+                key_prefix=row.api_key,
+            )
+            with _registrations_lock:
+                _registrations[worker_id] = (time.monotonic(), found)
+    if found is None or found.key_prefix != key_prefix:
+        raise ApiError(404, "unknown_worker", f"no worker {worker_id!r} is registered with this key; register first")
+    return found
+
+
+def forget_registrations() -> None:
+    """Drop the cache (tests that reset the database)."""
+    with _registrations_lock:
+        _registrations.clear()
+
+
+def touch_workers(*, worker_ids: Sequence[str]) -> int:
+    """One UPDATE for every worker seen since the last call (api.poller batches them)."""
+    if not worker_ids:
+        return 0
+    return WorkerProcess.objects.filter(name__in=list(worker_ids), stopped_at__isnull=True).update(last_seen_at=timezone.now())
+
+
+# -- leases --------------------------------------------------------------------------------------
+
+
+def lease_token(*, attempt_id: int, lease_token: int, worker_id: str) -> str:
+    """The secret a worker sends with every call about this lease. The fencing token itself is a
+    small counter anyone could guess; this one is a MAC of it under the server's SECRET_KEY."""
+    mac = hmac.new(
+        settings.SECRET_KEY.encode(), f"koala-lease:{attempt_id}:{lease_token}:{worker_id}".encode(), hashlib.sha256
+    ).hexdigest()[:40]
+    return f"v1.{attempt_id}.{mac}"
+
+
+def span_id_of(lease: Lease) -> str:
+    """The step span Koala opens for the attempt: stable for the lease, 16 hex like W3C trace context."""
+    return hashlib.sha256(f"{lease.trace_id}:{lease.job_id}:{lease.lease_token}".encode()).hexdigest()[:16]
+
+
+def lease_payload(lease: Lease, *, worker_id: str) -> dict[str, Any]:
+    """A lease as the worker receives it (docs/worker-api.md, acquire)."""
+    seconds = float(settings.KOALA_LEASE_SECONDS)
+    return {
+        "lease_id": lease.attempt_id,
+        "lease_token": lease_token(attempt_id=lease.attempt_id, lease_token=lease.lease_token, worker_id=worker_id),
+        "job_id": lease.job_id,
+        "kind": lease.kind,
+        "version": lease.version,
+        "step": None,
+        "queue": lease.queue,
+        "input": lease.input,
+        "steps": {},
+        "state": lease.run_state,
+        "progress": lease.progress,
+        "correlation_id": lease.correlation_id,
+        "idempotency_key": _key_base(lease),
+        "trace_id": lease.trace_id,
+        "span_id": span_id_of(lease),
+        "attempt": lease.attempts,
+        "max_attempts": lease.max_attempts,
+        "delivery": lease.delivery,
+        "expires_at": (timezone.now() + timedelta(seconds=seconds)).isoformat(),
+        "lease_seconds": seconds,
+        "heartbeat_seconds": float(settings.KOALA_HEARTBEAT_SECONDS),
+        "timeout_seconds": lease.timeout_seconds,
+        "deadline_at": lease.deadline_at.isoformat() if lease.deadline_at else None,
+    }
+
+
+def _key_base(lease: Lease) -> str:
+    from workers.models import operation_key_base
+
+    return operation_key_base(job_id=lease.job_id, idempotency_key=lease.idempotency_key, carried=lease.operation_key_base)
+
+
+def held_lease(*, lease_id: int, worker_id: str, token: str, key_prefix: str) -> HeldLease:
+    """The lease a call names, if the caller may act on it; otherwise 404 (unknown to this key) or
+    403 (a token that is not this lease's, or a lease of another worker). Changes nothing."""
+    registration(worker_id=worker_id, key_prefix=key_prefix)
+    held = leases.lease_of(attempt_id=lease_id) if 0 < lease_id < 2**63 else None
+    if held is None:
+        raise ApiError(404, "unknown_lease", f"no lease {lease_id}")
+    owner = _registration_prefix(held.worker_id)
+    if owner != key_prefix:
+        raise ApiError(404, "unknown_lease", f"no lease {lease_id}")
+    expected = lease_token(attempt_id=lease_id, lease_token=held.lease.lease_token, worker_id=held.worker_id)
+    if not hmac.compare_digest(expected.encode(), token.encode()):
+        raise ApiError(403, "forbidden", "lease_token: not the token of this lease")
+    if held.worker_id != worker_id:
+        raise ApiError(403, "forbidden", f"lease {lease_id} is held by another worker")
+    return held
+
+
+def _registration_prefix(worker_id: str) -> str:
+    with _registrations_lock:
+        cached = _registrations.get(worker_id)
+    if cached is not None:
+        return cached[1].key_prefix
+    row = WorkerProcess.objects.filter(name=worker_id).values_list("api_key", flat=True).first()
+    return row or ""
+
+
+def count_held(*, worker_id: str) -> int:
+    """Leases ``worker_id`` holds now (running jobs it leases)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM workers_job WHERE state = 'running' AND lease_holder = %s", [worker_id])
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+@dataclass
+class ClaimPass:
+    """One poller round's view of what is blocked (as WorkerRuntime._drain keeps per pass)."""
+
+    gated: bool
+    skip: dict[str, list[str]] = field(default_factory=dict)
+    blocked: set[str] = field(default_factory=set)
+
+
+def claim_pass() -> ClaimPass:
+    """Read once per round: whether budgets gate claims, and the live pauses (the claim SQL is the
+    authority on pauses; knowing them spares it from walking a paused kind's backlog)."""
+    live = pauses.active_pauses()
+    state = ClaimPass(gated=budgets.claims_are_gated())
+    paused_kinds = [p.target for p in live if p.scope == Scope.KIND]
+    state.skip = {"*": paused_kinds}
+    state.blocked = {p.target for p in live if p.scope == Scope.QUEUE}
+    if any(p.scope == Scope.GLOBAL for p in live):
+        state.blocked.add("*")
+    return state
+
+
+def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> list[Lease]:
+    """Claim up to ``count`` due jobs this worker serves, queue by queue, under pauses and budgets."""
+    got: list[Lease] = []
+    if "*" in state.blocked:
+        return got
+    lease_seconds = float(settings.KOALA_LEASE_SECONDS)
+    for queue in registration.queues:
+        skip = state.skip.setdefault(queue, list(state.skip.get("*", [])))
+        while len(got) < count and queue not in state.blocked:
+            try:
+                lease = leases.claim_next(
+                    queue=queue,
+                    served=registration.served,
+                    worker=registration.worker_id,
+                    lease_seconds=lease_seconds,
+                    skip_kinds=skip,
+                    gated=state.gated,
+                )
+            except ClaimBlocked as full:
+                if full.scope == Scope.KIND:
+                    skip.append(full.target)
+                else:
+                    state.blocked.add(queue)
+                continue
+            if lease is None:
+                break
+            got.append(lease)
+        if len(got) >= count:
+            break
+    return got
+
+
+def any_due(*, queues: Sequence[str]) -> bool:
+    """Is any job due on these queues? One index probe (job_queued_due_idx): the idle poller's cost."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = ANY(%s) AND scheduled_at <= now())",
+            [list(queues)],
+        )
+        (found,) = cursor.fetchone()
+    return bool(found)
+
+
+def give_back(*, leases_: Sequence[Lease]) -> None:
+    """Release leases claimed for a request that is gone (it timed out or disconnected meanwhile)."""
+    for lease in leases_:
+        leases.release(
+            job_id=lease.job_id,
+            lease_token=lease.lease_token,
+            outcome=Outcome.INTERRUPTED,
+            message="released: the acquire request it was claimed for had ended",
+        )
+
+
+# -- heartbeat, complete, fail --------------------------------------------------------------------
+
+
+def heartbeat(*, held: HeldLease, progress: dict[str, Any] | None) -> dict[str, Any]:
+    lease = held.lease
+    seconds = float(settings.KOALA_LEASE_SECONDS)
+    rejection = leases.heartbeat(job_id=lease.job_id, lease_token=lease.lease_token, lease_seconds=seconds, progress=progress)
+    if rejection is not None:
+        raise rejected(rejection)
+    stop = pauses.stop_requested(kind=lease.kind, queue=lease.queue)
+    return {
+        "expires_at": (timezone.now() + timedelta(seconds=seconds)).isoformat(),
+        "cancel": stop,
+        "reason": "stop_pause" if stop else None,
+    }
+
+
+def _kind(lease: Lease) -> kinds.JobKind:
+    kind = kinds.get(lease.kind, lease.version)
+    if kind is None:  # the server no longer knows the kind it leased: a deploy removed it
+        raise ApiError(409, Rejection.LEASE_SUPERSEDED.value, f"{lease.kind}@{lease.version} is no longer known here")
+    return kind
+
+
+def _record(held: HeldLease, decision: outcomes.Decision, report: Report | None = None) -> str | None:
+    """Write the decision with the one mapping both runtimes use; a rejection is answered by name."""
+    planned = transition(decision, held.lease, report)
+    if planned is None:
+        return None
+    outcome, write = planned
+    rejection = write()
+    if rejection is not None:
+        raise rejected(rejection)
+    return outcome
+
+
+def _usage(usage: dict[str, Any] | None, spans: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The step's usage, flat and numeric (summed into the job's): set explicitly, else the sum of
+    its spans' own usage, tokens priced from the one price table (ModelPrice)."""
+    parts = [usage] if usage is not None else [s["usage"] for s in spans if s.get("usage")]
+    total: dict[str, float] = {}
+    for part in parts:
+        tokens_in = int(part.get("input_tokens") or 0)
+        tokens_out = int(part.get("output_tokens") or 0)
+        total["input_tokens"] = total.get("input_tokens", 0) + tokens_in
+        total["output_tokens"] = total.get("output_tokens", 0) + tokens_out
+        cost = part.get("cost_minor")
+        if cost is None:
+            cost = budgets.price_usage(part)
+        if cost is not None:
+            total["cost_minor"] = total.get("cost_minor", 0) + int(cost)
+        elif part.get("model"):
+            total["unpriced_tokens"] = total.get("unpriced_tokens", 0) + tokens_in + tokens_out
+    return total
+
+
+def check_spans(spans: Sequence[Any], *, step_span: str) -> list[dict[str, Any]]:
+    """The body's spans, validated (ids, parents within the step, times, usage); 400 otherwise."""
+    if len(spans) > MAX_SPANS:
+        raise invalid("spans", f"at most {MAX_SPANS} spans per step")
+    seen = {step_span}
+    checked: list[dict[str, Any]] = []
+    for index, span in enumerate(spans):
+        where = f"spans[{index}]"
+        if not isinstance(span, dict):
+            raise invalid(where, "must be an object")
+        span_id = span.get("span_id")
+        if not isinstance(span_id, str) or len(span_id) != 16 or any(c not in "0123456789abcdef" for c in span_id):
+            raise invalid(f"{where}.span_id", "must be 16 lowercase hex characters")
+        if span_id in seen:
+            raise invalid(f"{where}.span_id", "is used twice (or is the step span's)")
+        seen.add(span_id)
+        checked.append({**span, "span_id": span_id})
+    for index, span in enumerate(checked):
+        where = f"spans[{index}]"
+        parent = span.get("parent_id") or step_span
+        if not isinstance(parent, str) or parent not in seen:
+            raise invalid(f"{where}.parent_id", "must be the step span or another span of this step")
+        name = span.get("name")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise invalid(f"{where}.name", "must be a name of 1 to 200 characters")
+        for moment in ("start", "end"):
+            value = span.get(moment)
+            if value is not None and (not isinstance(value, str) or _when(value) is None):
+                raise invalid(f"{where}.{moment}", "must be an ISO 8601 time with its offset")
+        attributes = span.get("attributes")
+        if attributes is not None and not isinstance(attributes, dict):
+            raise invalid(f"{where}.attributes", "must be an object")
+        if span.get("usage") is not None:
+            check_usage(span["usage"], where=f"{where}.usage")
+        span["parent_id"] = parent
+    return checked
+
+
+def check_usage(usage: Any, *, where: str = "usage") -> dict[str, Any]:
+    if not isinstance(usage, dict):
+        raise invalid(where, "must be an object")
+    allowed = {"model", "input_tokens", "output_tokens", "cost_minor"}
+    unknown = sorted(set(usage) - allowed)
+    if unknown:
+        raise invalid(where, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+    model = usage.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > 100):
+        raise invalid(f"{where}.model", "must be a model name of at most 100 characters")
+    for name in ("input_tokens", "output_tokens", "cost_minor"):
+        value = usage.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**15):
+            raise invalid(f"{where}.{name}", "must be a whole number between 0 and 10^15")
+    return usage
+
+
+def _when(value: str) -> datetime | None:
+    try:
+        moment = parse_datetime(value)
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
+
+
+def complete(
+    *,
+    held: HeldLease,
+    output: Any,
+    state_delta: dict[str, Any],
+    usage: dict[str, Any] | None,
+    spans: Sequence[dict[str, Any]],
+    duration_seconds: float,
+) -> str:
+    lease = held.lease
+    kind = _kind(lease)
+    step_span = span_id_of(lease)
+    total = _usage(usage, spans)
+    redactor = kind.redactor(lease.input)
+    with redaction.bind(redactor):
+        decision = outcomes.decide(outcomes.Returned(value=output, state_delta=state_delta), lease, kind)
+        report = Report(compute_seconds=duration_seconds, usage=total or None)
+        # One transaction: the spans are stored only if the completion itself lands (a stale
+        # attempt's spans would describe a run whose outcome is someone else's).
+        with transaction.atomic():
+            outcome = _record(held, decision, report)
+            _store_spans(lease, step_span=step_span, spans=spans, total=total, redactor=redactor)
+    return outcome or Outcome.SUCCEEDED
+
+
+def _store_spans(
+    lease: Lease, *, step_span: str, spans: Sequence[dict[str, Any]], total: dict[str, float], redactor: redaction.Redactor
+) -> None:
+    started = Attempt.objects.filter(pk=lease.attempt_id).values_list("started_at", flat=True).first()
+    rows = [
+        Span(
+            job_id=lease.job_id,
+            attempt_id=lease.attempt_id,
+            trace_id=lease.trace_id,
+            span_id=step_span,
+            parent_id="",
+            name=lease.kind,
+            started_at=started,
+            ended_at=timezone.now(),
+            usage=total,
+        )
+    ]
+    for span in spans:
+        rows.append(
+            Span(
+                job_id=lease.job_id,
+                attempt_id=lease.attempt_id,
+                trace_id=lease.trace_id,
+                span_id=span["span_id"],
+                parent_id=span["parent_id"],
+                name=redactor.text(span["name"])[:200],
+                started_at=_when(span["start"]) if span.get("start") else None,
+                ended_at=_when(span["end"]) if span.get("end") else None,
+                attributes=redactor.data(span.get("attributes") or {}),
+                usage=span.get("usage") or {},
+            )
+        )
+    Span.objects.bulk_create(rows)
+
+
+CLASSIFICATIONS = ("retryable", "step_failure", "fatal", "unservable", "released")
+
+
+def message_only(text: str) -> str:
+    """A failure message as Koala stores it: no stack trace (cut where one starts), bounded."""
+    for marker in ("Traceback (most recent call last)", '\n  File "'):
+        at = text.find(marker)
+        if at != -1:
+            text = text[:at].rstrip() or "(a stack trace was sent and dropped)"
+    return text[:MAX_MESSAGE_CHARS]
+
+
+def fail(
+    *,
+    held: HeldLease,
+    classification: str,
+    error_class: str,
+    message: str,
+    retry_after: float | None,
+    body_started: bool,
+    safe_point: bool,
+) -> str:
+    lease = held.lease
+    message = message_only(message)
+    if classification == "unservable":
+        earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
+        decision = outcomes.decide(outcomes.Unservable(worker=held.worker_id, earlier=earlier), lease, None)
+        return _record(held, decision) or Outcome.UNSERVABLE
+    kind = _kind(lease)
+    ending: outcomes.Ending
+    if classification == "released":
+        # Not started, or stopped at a checkpoint: nothing is half-done, any delivery is given back.
+        # Cut off mid-body: at_most_once fails instead (decide), as at an RQ worker's shutdown.
+        ending = (
+            outcomes.StoppedForPause() if (safe_point or not body_started) else outcomes.Interrupted(why=outcomes.Cut.SHUTDOWN)
+        )
+    else:
+        named = {
+            "retryable": outcomes.Classification.RETRYABLE,
+            "step_failure": outcomes.Classification.TERMINAL,
+            "fatal": outcomes.Classification.FATAL,
+        }[classification]
+        label = error_class or {"retryable": "RetryableError", "step_failure": "StepFailure", "fatal": "Error"}[classification]
+        ending = outcomes.Reported(classification=named, error_class=label, message=message, retry_after=retry_after)
+    with redaction.bind(kind.redactor(lease.input)):
+        decision = outcomes.decide(ending, lease, kind)
+        if isinstance(decision, outcomes.Release) and classification == "released":
+            decision = outcomes.Release(
+                outcome=decision.outcome, message="released by the worker (shutdown or stop pause)", delay_seconds=0.0
+            )
+        return _record(held, decision) or ""
+
+
+# -- operations: the ledger over HTTP -------------------------------------------------------------
+
+
+class _HandOff(BaseException):
+    """perform() of a step whose call the HTTP worker makes: the row is in flight; stop here."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _LookUp(BaseException):
+    """reconcile() of a step whose lookup the HTTP worker makes: ask it, then begin again."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _Runtime:
+    """What a JobContext needs from "the process running it": here, the API call in progress."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.shutdown_requested = threading.Event()
+
+    @property
+    def lease_seconds(self) -> float:
+        return float(settings.KOALA_LEASE_SECONDS)
+
+    def beat(self, ctx: JobContext) -> None:  # a worker elsewhere heartbeats for itself
+        return None
+
+
+def _context(held: HeldLease) -> JobContext:
+    return JobContext(held.lease, _kind(held.lease), _Runtime(held.worker_id))
+
+
+def _lookup_answer(lookup: dict[str, Any]) -> Any:
+    """A worker's provider lookup as the ledger's reconcile() answers (workers.ledger)."""
+    if "found" in lookup:
+        found = lookup["found"] if isinstance(lookup["found"], dict) else {}
+        return _result(found)
+    if lookup.get("absent") is True:
+        return ABSENT
+    for name, shape in (("miss", Miss), ("processing", Processing)):
+        if name in lookup:
+            detail = lookup[name] if isinstance(lookup[name], dict) else {}
+            window = detail.get("window_seconds", 0)
+            if isinstance(window, bool) or not isinstance(window, int | float) or not 0 <= window <= 86400:
+                raise invalid(f"lookup.{name}.window_seconds", "must be a number of seconds between 0 and 86400")
+            return shape(window_seconds=float(window))
+    if "failed" in lookup:
+        retry_after = lookup.get("retry_after")
+        raise Retryable(
+            str(lookup["failed"])[:MAX_MESSAGE_CHARS], retry_after=retry_after if isinstance(retry_after, int | float) else None
+        )
+    if lookup.get("unknown") is True:
+        return None
+    raise invalid("lookup", "must be one of found, absent, miss, processing, failed or unknown")
+
+
+def _result(found: dict[str, Any]) -> OperationResult:
+    data = found.get("data") or {}
+    if not isinstance(data, dict):
+        raise invalid("data", "must be an object")
+    usage = found.get("usage")
+    if usage is not None:
+        check_usage(usage)
+    cost = found.get("cost_minor")
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= 10**15):
+        raise invalid("cost_minor", "must be a whole number between 0 and 10^15")
+    external = found.get("external_id") or ""
+    if not isinstance(external, str):
+        raise invalid("external_id", "must be a string")
+    return OperationResult(external_id=external[:200], data=data, cost_minor=cost, usage=usage)
+
+
+def _action_for(error: BaseException, held: HeldLease) -> dict[str, Any]:
+    """What the worker's body does after the ledger raised ``error``."""
+    if isinstance(error, StaleAttempt):
+        raise rejected(error.rejection)
+    if isinstance(error, Park):
+        lease = held.lease
+        ending: outcomes.Ending
+        if isinstance(error, ReconcileLater):
+            ending = outcomes.Reconciling(detail=error.detail, delay_seconds=error.delay_seconds)
+        else:
+            ending = outcomes.Parked(reason=error.reason, detail=error.detail, parked_on=error.parked_on)
+        decision = outcomes.decide(ending, lease, _kind(lease))
+        _record(held, decision)
+        return {"action": "stop", "reason": error.reason, "message": redaction.current().text(error.detail)}
+    if isinstance(error, TerminalFailure):
+        code = error.code if error.code != "terminal" else type(error).__name__
+        return {"action": "raise", "classification": "step_failure", "error_class": code, "message": str(error)}
+    if isinstance(error, Retryable):
+        return {
+            "action": "raise",
+            "classification": "retryable",
+            "error_class": type(error).__name__,
+            "message": str(error),
+            "retry_after": error.retry_after,
+        }
+    return {"action": "raise", "classification": "fatal", "error_class": type(error).__name__, "message": str(error)}
+
+
+def begin_operation(
+    *, held: HeldLease, name: str, options: dict[str, Any], can_look_up: bool, lookup: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Begin one outbound step of an HTTP worker's body through the same ledger as ctx.operation."""
+    ctx = _context(held)
+    answer: Any = None
+    if lookup is not None:
+        try:
+            answer = _lookup_answer(lookup)
+        except Retryable as failed:  # the lookup itself failed: the ledger asks again later
+            answer = failed
+
+    def perform(key: str) -> OperationResult:
+        raise _HandOff(key)
+
+    def reconcile(key: str) -> Any:
+        if lookup is None:
+            raise _LookUp(key)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with redaction.bind(ctx.redactor):
+        try:
+            result = run_operation(ctx, name, perform=perform, reconcile=reconcile if can_look_up else None, **options)
+        except _HandOff as handoff:
+            op = Operation.objects.get(key=handoff.key)
+            return {"action": "send", "operation_id": op.pk, "key": handoff.key}
+        except _LookUp as look:
+            op = Operation.objects.get(key=look.key)
+            return {"action": "look_up", "operation_id": op.pk, "key": look.key}
+        except (Exception, Park) as error:
+            return _action_for(error, held)
+    return {"action": "done", "result": result}
+
+
+SETTLE_OUTCOMES = ("succeeded", "not_performed", "declined", "unknown")
+
+
+def settle_operation(
+    *, held: HeldLease, operation_id: int, outcome: str, found: dict[str, Any], message: str, retry_after: float | None
+) -> dict[str, Any]:
+    """Record what the provider answered to the call ``begin_operation`` handed to the worker."""
+    op = Operation.objects.filter(pk=operation_id, job_id=held.lease.job_id).first() if operation_id < 2**63 else None
+    if op is None:
+        raise ApiError(404, "unknown_operation", f"no operation {operation_id} in this lease's job")
+    if op.is_done and op.attempt_id == held.lease.attempt_id:
+        return {"action": "done", "result": dict(op.result or {})}
+    if op.state != OperationState.IN_FLIGHT or op.lease_token != held.lease.lease_token:
+        if op.attempt_id == held.lease.attempt_id:
+            raise rejected(Rejection.ALREADY_RECORDED)
+        raise rejected(Rejection.LEASE_SUPERSEDED)
+    ctx = _context(held)
+    result = _result(found) if outcome == "succeeded" else None
+    text = message_only(message)
+
+    def perform(key: str) -> OperationResult:
+        if outcome == "not_performed":
+            raise NotPerformed(text, retry_after=retry_after)
+        if outcome == "declined":
+            raise Declined(text)
+        if outcome == "unknown":
+            raise OutcomeUnknown(text)
+        assert result is not None
+        return result
+
+    with redaction.bind(ctx.redactor):
+        try:
+            data = settle_call(ctx, operation=op, perform=perform)
+        except (Exception, Park) as error:
+            return _action_for(error, held)
+    return {"action": "done", "result": data, "usage": dict(ctx.usage)}
