@@ -180,8 +180,11 @@ class Client:
         state_delta: dict[str, Any] | None = None,
         usage: dict[str, Any] | None = None,
         spans: list[dict[str, Any]] | None = None,
+        duration_seconds: float | None = None,
     ) -> str:
         body: dict[str, Any] = {"output": output}
+        if duration_seconds is not None:
+            body["duration_seconds"] = round(max(0.0, duration_seconds), 6)
         if state_delta:
             body["state_delta"] = state_delta
         if usage:
@@ -255,6 +258,7 @@ class Client:
         data: dict[str, Any] | None = None,
         cost_minor: int | None = None,
         usage: dict[str, Any] | None = None,
+        message: str = "",
         retry_after: float | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -264,6 +268,8 @@ class Client:
             "cost_minor": cost_minor,
             "usage": usage,
         }
+        if message:
+            body["message"] = message
         if retry_after is not None:
             body["retry_after"] = retry_after
         answer = self._lease_call(lease, f"operations/{operation_id}", worker_id, body)

@@ -20,7 +20,7 @@ from koala_worker.errors import (
     StopRequested,
 )
 from koala_worker.lease import Lease
-from koala_worker.spans import Span, SpanRecorder, add_usage
+from koala_worker.spans import Span, SpanRecorder, add_usage, usage_of
 
 if TYPE_CHECKING:
     from koala_worker.worker import LeaseRun
@@ -169,23 +169,29 @@ class Context:
 
     def set_usage(self, *, model: str = "", input_tokens: int = 0, output_tokens: int = 0) -> None:
         """The step's usage, set explicitly (otherwise it is the sum of the spans' usage)."""
-        self.usage = {"model": model, "input_tokens": int(input_tokens), "output_tokens": int(output_tokens)}
+        self.usage = usage_of(model, input_tokens, output_tokens)
 
     def span(self, name: str) -> Span:
         return self.spans.span(name)
 
     def step_usage(self) -> dict[str, Any] | None:
-        """What complete sends as ``usage``: set_usage's, else the spans' sum when it has one model.
-
-        A sum over several models cannot be priced as one: then no ``usage`` is sent and Koala
-        prices the spans' own usage.
-        """
+        """The step's usage: set_usage's, else the sum of the spans' (a sum over several models keeps
+        the first model's name and carries ``mixed_models``)."""
         if self.usage is not None:
             return self.usage
-        total = add_usage(None, self.spans.total)
-        if not total or total.get("mixed_models"):
-            return None
-        return total
+        return add_usage(None, self.spans.total)
+
+    def wire_usage(self) -> dict[str, Any] | None:
+        """What complete sends as ``usage``: set_usage's only. Without it Koala sums the spans' own
+        usage, pricing each with its own model, which a single summed usage could not do. Only when
+        spans past the contract's limit were left out is the sum sent (else their usage is lost),
+        and only when it has one model."""
+        if self.usage is not None:
+            return self.usage
+        total = self.step_usage()
+        if self.spans.dropped and total and not total.get("mixed_models"):
+            return total
+        return None
 
     def checkpoint(self) -> None:
         """A safe point: raise if the worker must stop the body here (see ``cancelled``)."""
@@ -287,15 +293,15 @@ class Context:
                 "usage": result.usage,
             }
         except NotPerformed as exc:
-            settle = {"outcome": "not_performed", "retry_after": exc.retry_after}
-        except Declined:
-            settle = {"outcome": "declined"}
-        except OutcomeUnknown:
-            settle = {"outcome": "unknown"}
+            settle = {"outcome": "not_performed", "message": str(exc), "retry_after": exc.retry_after}
+        except Declined as exc:
+            settle = {"outcome": "declined", "message": str(exc)}
+        except OutcomeUnknown as exc:
+            settle = {"outcome": "unknown", "message": str(exc)}
         except Exception as exc:
             # An unclassified error after the request may have left: the outcome is unknown, and
             # the body fails with the error itself (fatal unless it is one of the SDK's).
-            settle = {"outcome": "unknown"}
+            settle = {"outcome": "unknown", "message": f"{type(exc).__name__}: {exc}"}
             error = exc
         settled = self._call(lambda: worker.client.settle_operation(worker.worker_id, self.lease, operation_id, **settle))
         if settled.get("action") == "done" and error is None:

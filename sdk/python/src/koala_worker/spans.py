@@ -36,6 +36,13 @@ def add_usage(total: dict[str, Any] | None, more: dict[str, Any] | None) -> dict
     return summed
 
 
+def usage_of(model: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    usage: dict[str, Any] = {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens)}
+    if model:
+        usage["model"] = model
+    return usage
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -61,7 +68,7 @@ class Span:
 
     def set_usage(self, *, model: str = "", input_tokens: int = 0, output_tokens: int = 0) -> None:
         """This span's own usage (replaces an earlier set_usage on it; children's usage adds on top)."""
-        self.own_usage = {"model": model, "input_tokens": int(input_tokens), "output_tokens": int(output_tokens)}
+        self.own_usage = usage_of(model, input_tokens, output_tokens)
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -89,9 +96,10 @@ class Span:
         }
         if self.parent_id:
             span["parent_id"] = self.parent_id
-        usage = self.usage
-        if usage:
-            span["usage"] = {k: v for k, v in usage.items() if k != "mixed_models"}
+        if self.own_usage:
+            # Its own usage only: Koala sums every span's usage into the step's, so a parent that
+            # carried its children's too would count them twice. ``Span.usage`` is the rolled-up view.
+            span["usage"] = dict(self.own_usage)
         return span
 
 

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import threading
@@ -32,7 +33,16 @@ log = logging.getLogger("koala_worker")
 Body = Callable[[Context, Any], Any]
 T = TypeVar("T")
 MAX_MESSAGE_CHARS = 4000
+MAX_RETRY_AFTER = 86400.0  # the contract's bound on retry_after
 BEAT_TICK_SECONDS = 1.0  # the heartbeat thread looks at least this often (new leases, a stop)
+
+
+def error_class_name(name: str) -> str:
+    """A name Koala accepts as ``error_class`` (a letter or _, then letters, digits, ``_ . : -``)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", name)[:200]
+    if not cleaned or not (cleaned[0].isascii() and (cleaned[0].isalpha() or cleaned[0] == "_")):
+        cleaned = ("_" + cleaned)[:200]
+    return cleaned
 
 
 def failure_payload(exc: BaseException) -> dict[str, Any]:
@@ -41,11 +51,11 @@ def failure_payload(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, RetryableError):
         payload: dict[str, Any] = {"classification": "retryable", "error_class": type(exc).__name__, "message": message}
         if exc.retry_after is not None:
-            payload["retry_after"] = exc.retry_after
+            payload["retry_after"] = min(max(0.0, float(exc.retry_after)), MAX_RETRY_AFTER)
         return payload
     if isinstance(exc, StepFailure):
-        return {"classification": "step_failure", "error_class": exc.error_class, "message": message}
-    return {"classification": "fatal", "error_class": type(exc).__name__, "message": message}
+        return {"classification": "step_failure", "error_class": error_class_name(exc.error_class), "message": message}
+    return {"classification": "fatal", "error_class": error_class_name(type(exc).__name__), "message": message}
 
 
 def _jsonable(value: Any) -> str | None:
@@ -285,6 +295,7 @@ class Worker:
         if not run.claim_start():
             return
         ctx = run.ctx
+        began = time.monotonic()
         try:
             output = body(ctx, ctx.input)
         except Abandon as exc:
@@ -312,8 +323,9 @@ class Worker:
                     lease,
                     output=output,
                     state_delta=ctx.state_delta,
-                    usage=ctx.step_usage(),
+                    usage=ctx.wire_usage(),
                     spans=ctx.spans.wire(),
+                    duration_seconds=time.monotonic() - began,
                 ),
                 run,
             )
