@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from koala_worker import Client, RetryableError, StepFailure, Worker
+from koala_worker import Client, Declined, OperationResult, RetryableError, StepFailure, Worker
 
 from tests.conftest import REPO, wait_for
 from tests.support.api_server import ApiServer
 from tests.support.fleet import assert_engine_invariants, attempts, wait_all_terminal, wait_state
 from tests.support.sdk import NODE_WORKER, SDK_SRC
-from workers.models import Job, JobState, Outcome, Span
+from workers.models import Job, JobState, Operation, OperationState, Outcome, Span
 from workers.services import jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # a live server reads the rows
@@ -284,4 +284,89 @@ def test_the_node_example_drains_jobs_and_exits_on_sigterm(api_server: ApiServer
             proc.wait()
     row = Job.objects.get(pk=slow)
     assert row.state == JobState.QUEUED and row.attempts == 0, log.read_text()  # given back at a safe point
+    assert_engine_invariants()
+
+
+def test_an_operation_is_performed_once_across_retries_and_its_result_comes_back(api_server: ApiServer, worker_key: str) -> None:
+    calls: list[str] = []
+
+    def charge(ctx: Any, data: Any) -> dict[str, Any]:
+        def perform(key: str) -> OperationResult:
+            calls.append(key)
+            return OperationResult(external_id=f"ch_{len(calls)}", data={"charge": f"ch_{len(calls)}"}, cost_minor=data["amount"])
+
+        result = ctx.operation(
+            "charge",
+            kind="charge",
+            params={"amount": data["amount"], "customer": "c_1"},
+            amount_minor=data["amount"],
+            currency="EUR",
+            target="c_1",
+            estimate_minor=data["amount"],
+            perform=perform,
+        )
+        if ctx.attempt == 1:
+            raise RetryableError("the receipt mail bounced", retry_after=0)  # after the charge: the retry must not charge again
+        return {"charged": result}
+
+    job_id = enqueue("http.charge", amount=500)
+    with serving(sdk_worker(api_server, worker_key, name="sdk-charge").register("http.charge", 1, charge)):
+        row = wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED)
+    assert row.state == JobState.SUCCEEDED and row.attempts == 2, (row.state, row.error_message)
+    assert row.result == {"charged": {"charge": "ch_1"}}
+    assert len(calls) == 1 and calls[0].startswith(f"koala-job-{job_id}")
+    [op] = Operation.objects.filter(job_id=job_id)
+    assert (op.state, op.external_id, op.key, op.amount_minor) == (OperationState.SUCCEEDED, "ch_1", calls[0], 500)
+
+
+def test_a_declined_operation_fails_the_job_and_one_over_the_review_line_parks_it_unsent(
+    api_server: ApiServer, worker_key: str
+) -> None:
+    calls: list[int] = []
+    ended: list[int] = []
+
+    def charge(ctx: Any, data: Any) -> dict[str, Any]:
+        def perform(key: str) -> OperationResult:
+            calls.append(ctx.job_id)
+            raise Declined("card declined")
+
+        try:
+            ctx.operation(
+                "charge", kind="charge", params={"amount": data["amount"]}, amount_minor=data["amount"], perform=perform
+            )
+        finally:
+            ended.append(ctx.job_id)
+        return {"never": True}
+
+    declined = enqueue("http.charge", amount=200)
+    reviewed = enqueue("http.charge", amount=5000)  # above the kind's critical line of 1000: a person approves first
+    with serving(sdk_worker(api_server, worker_key, name="sdk-decline").register("http.charge", 1, charge)):
+        row = wait_state(declined, JobState.FAILED)
+        parked = wait_state(reviewed, JobState.PARKED)
+        wait_for(lambda: reviewed in ended, timeout=10, what="the parked body to end")
+    assert row.failure_reason == "terminal" and row.error_class == "declined" and "card declined" in row.error_message
+    assert calls == [declined]  # the one over the line was never sent
+    assert parked.park_reason == "waiting_review" and parked.attempts == 0
+    assert Operation.objects.get(job_id=declined).state == OperationState.FAILED
+    assert_engine_invariants()
+
+
+def test_a_server_restart_mid_drain_loses_nothing(api_server: ApiServer, worker_key: str) -> None:
+    ran: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def echo(ctx: Any, data: Any) -> dict[str, Any]:
+        with lock:
+            ran[ctx.job_id] += 1
+        return {"echo": data}
+
+    first = [enqueue(n=n) for n in range(10)]
+    with serving(sdk_worker(api_server, worker_key, name="sdk-restart").register("http.probe", 1, echo)):
+        wait_all_terminal(first, timeout=30)
+        api_server.restart()  # the worker sees resets and refusals, backs off, and comes back
+        second = [enqueue(n=n) for n in range(10, 20)]
+        wait_all_terminal(second, timeout=60)
+    ids = first + second
+    assert {row.pk: row.state for row in Job.objects.filter(pk__in=ids)} == dict.fromkeys(ids, JobState.SUCCEEDED)
+    assert ran == Counter(dict.fromkeys(ids, 1))
     assert_engine_invariants()

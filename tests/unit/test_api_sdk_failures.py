@@ -95,3 +95,14 @@ def test_a_stop_action_ends_the_body_past_a_broad_except() -> None:
             raise_for({"action": "stop", "reason": "waiting_review"})
         except Exception:  # a body's catch-all must not swallow the stop
             pytest.fail("the stop was caught as an Exception")
+
+
+def test_an_error_class_koala_would_refuse_is_made_a_name_it_accepts() -> None:
+    assert failure_payload(StepFailure("x", code="card declined!"))["error_class"] == "card_declined_"
+    assert failure_payload(StepFailure("x", code="9lives"))["error_class"] == "_9lives"
+    assert failure_payload(StepFailure("x", code="billing.declined:v2"))["error_class"] == "billing.declined:v2"
+
+
+def test_a_retry_after_is_kept_within_the_contracts_bounds() -> None:
+    assert failure_payload(RetryableError("x", retry_after=10**9))["retry_after"] == 86400.0
+    assert failure_payload(RetryableError("x", retry_after=-3))["retry_after"] == 0.0

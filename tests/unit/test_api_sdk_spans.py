@@ -53,8 +53,13 @@ def test_a_childs_usage_adds_into_its_parents_and_the_step_total() -> None:
     assert plan.usage == {"model": "m", "input_tokens": 150, "output_tokens": 15}
     assert agent.usage == {"model": "m", "input_tokens": 151, "output_tokens": 17}
     assert ctx.step_usage() == {"model": "m", "input_tokens": 158, "output_tokens": 20}
+    # On the wire each span carries its own usage (Koala sums them all); the step's is not sent
+    # unless set_usage said so: Koala's sum is the same number, priced span by span.
     wire = {span["span_id"]: span for span in ctx.spans.wire()}
-    assert wire[agent.span_id]["usage"] == {"model": "m", "input_tokens": 151, "output_tokens": 17}
+    assert wire[agent.span_id]["usage"] == {"model": "m", "input_tokens": 1, "output_tokens": 2}
+    assert "usage" not in wire[plan.span_id]
+    assert sum(span.get("usage", {}).get("input_tokens", 0) for span in wire.values()) == 158
+    assert ctx.wire_usage() is None
 
 
 def test_set_usage_on_the_step_wins_over_the_spans() -> None:
@@ -63,17 +68,30 @@ def test_set_usage_on_the_step_wins_over_the_spans() -> None:
         call.set_usage(model="m", input_tokens=5, output_tokens=5)
     ctx.set_usage(model="gpt-x", input_tokens=1200, output_tokens=300)
     assert ctx.step_usage() == {"model": "gpt-x", "input_tokens": 1200, "output_tokens": 300}
+    assert ctx.wire_usage() == {"model": "gpt-x", "input_tokens": 1200, "output_tokens": 300}
 
 
-def test_no_spans_no_usage_and_two_models_are_left_to_the_server() -> None:
+def test_no_spans_no_usage_and_two_models_stay_on_their_spans() -> None:
     _, ctx = _ctx()
-    assert ctx.step_usage() is None
+    assert ctx.step_usage() is None and ctx.wire_usage() is None
     with ctx.span("a") as a:
         a.set_usage(model="m1", input_tokens=1, output_tokens=1)
     with ctx.span("b") as b:
-        b.set_usage(model="m2", input_tokens=1, output_tokens=1)
-    assert ctx.step_usage() is None  # one usage is priced with one model: the spans carry their own
-    assert {span["usage"]["model"] for span in ctx.spans.wire()} == {"m1", "m2"}
+        b.set_usage(input_tokens=1, output_tokens=1)
+        b.set_usage(model="m2", input_tokens=2, output_tokens=1)  # replaces the first
+    assert ctx.step_usage() == {"model": "m1", "input_tokens": 3, "output_tokens": 2, "mixed_models": True}
+    assert [span["usage"] for span in ctx.spans.wire()] == [
+        {"model": "m1", "input_tokens": 1, "output_tokens": 1},
+        {"model": "m2", "input_tokens": 2, "output_tokens": 1},
+    ]
+
+
+def test_past_the_span_limit_the_steps_sum_is_sent_so_no_usage_is_lost() -> None:
+    _, ctx = _ctx()
+    for _ in range(1001):
+        with ctx.span("call") as call:
+            call.set_usage(model="m", input_tokens=1, output_tokens=0)
+    assert ctx.wire_usage() == {"model": "m", "input_tokens": 1001, "output_tokens": 0}
 
 
 def test_a_span_records_the_error_class_that_ended_it() -> None:
