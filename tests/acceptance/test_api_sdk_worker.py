@@ -26,7 +26,7 @@ from tests.conftest import REPO, wait_for
 from tests.support.api_server import ApiServer
 from tests.support.fleet import assert_engine_invariants, attempts, wait_all_terminal, wait_state
 from tests.support.sdk import NODE_WORKER, SDK_SRC
-from workers.models import Job, JobState, Operation, OperationState, Outcome, Span
+from workers.models import Job, JobState, Operation, OperationState, Outcome, Span, WorkerProcess
 from workers.services import jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # a live server reads the rows
@@ -351,7 +351,7 @@ def test_a_declined_operation_fails_the_job_and_one_over_the_review_line_parks_i
     assert_engine_invariants()
 
 
-def test_a_server_restart_mid_drain_loses_nothing(api_server: ApiServer, worker_key: str) -> None:
+def test_a_server_restart_and_a_forgotten_registration_lose_nothing(api_server: ApiServer, worker_key: str) -> None:
     ran: Counter[int] = Counter()
     lock = threading.Lock()
 
@@ -363,9 +363,13 @@ def test_a_server_restart_mid_drain_loses_nothing(api_server: ApiServer, worker_
     first = [enqueue(n=n) for n in range(10)]
     with serving(sdk_worker(api_server, worker_key, name="sdk-restart").register("http.probe", 1, echo)):
         wait_all_terminal(first, timeout=30)
-        api_server.restart()  # the worker sees resets and refusals, backs off, and comes back
+        # The server restarts having lost the worker's registration (a database reset): the worker
+        # sees resets and refusals, backs off, is answered 404 unknown_worker, and registers again.
+        WorkerProcess.objects.filter(name="sdk-restart").delete()
+        api_server.restart()
         second = [enqueue(n=n) for n in range(10, 20)]
         wait_all_terminal(second, timeout=60)
+    assert WorkerProcess.objects.filter(name="sdk-restart").exists()
     ids = first + second
     assert {row.pk: row.state for row in Job.objects.filter(pk__in=ids)} == dict.fromkeys(ids, JobState.SUCCEEDED)
     assert ran == Counter(dict.fromkeys(ids, 1))
