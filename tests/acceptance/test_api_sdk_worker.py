@@ -374,3 +374,31 @@ def test_a_server_restart_and_a_forgotten_registration_lose_nothing(api_server: 
     assert {row.pk: row.state for row in Job.objects.filter(pk__in=ids)} == dict.fromkeys(ids, JobState.SUCCEEDED)
     assert ran == Counter(dict.fromkeys(ids, 1))
     assert_engine_invariants()
+
+
+def test_a_body_still_running_at_the_shutdown_deadline_is_given_back_by_its_delivery(
+    api_server: ApiServer, worker_key: str
+) -> None:
+    started: list[int] = []
+    release = threading.Event()
+
+    def stubborn(ctx: Any, data: Any) -> dict[str, Any]:
+        started.append(ctx.job_id)
+        release.wait(60)  # ignores ctx.cancelled: cut off mid-way at the deadline
+        return {"late": True}
+
+    again = enqueue("http.probe")
+    once = enqueue("http.once")
+    worker = sdk_worker(api_server, worker_key, name="sdk-deadline", concurrency=2)
+    worker.shutdown_deadline = 1.0
+    worker.register("http.probe", 1, stubborn).register("http.once", 1, stubborn)
+    try:
+        with serving(worker):
+            wait_for(lambda: sorted(started) == sorted([again, once]), timeout=20, what="both bodies to start")
+        # serve() has returned: both leases were given back at the deadline, body_started and no safe point.
+        row = Job.objects.get(pk=again)
+        assert row.state == JobState.QUEUED, row.state  # at_least_once: requeued
+        row = Job.objects.get(pk=once)
+        assert row.state == JobState.FAILED and row.failure_reason == "orphaned", (row.state, row.failure_reason)
+    finally:
+        release.set()  # let the abandoned body threads end
