@@ -130,3 +130,4 @@ from tests.support.api_server import api_server, execute_key, worker_key  # noqa
 from tests.support.console import clients, role_users  # noqa: E402, F401
 from tests.support.effects import provider, smtp_sink  # noqa: E402, F401
 from tests.support.exports import export_env, export_root, faults, people  # noqa: E402, F401
+from tests.support.sdk import SDK_SRC  # noqa: E402, F401  (puts sdk/python/src on sys.path: koala_worker)
