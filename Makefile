@@ -17,7 +17,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test unit lint format typecheck bench bench-exports bench-scale requirements clean
+.PHONY: help bootstrap run manage test unit lint format typecheck bench bench-exports bench-scale bench-api requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -79,6 +79,13 @@ bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/export_bench.p
 bench-scale: bootstrap ## Scale benchmark: queries on a 1M-job table (bench/scale.py; BENCH_ARGS=--jobs 20000)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.scale "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+# One uvicorn process serving koala.asgi: an idle long-polling fleet's cost, wake-up latency, and
+# an HTTP worker's jobs/s against the RQ runtime's (bench/worker_api.py; BENCH_ARGS=...).
+bench-api: bootstrap ## Worker API benchmark: idle fleet, wake-up latency, HTTP vs RQ jobs/s (bench/worker_api.py)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.worker_api "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes

@@ -7,7 +7,9 @@ shadows an app, a broken import or a worker that cannot start fails here, in bot
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +28,10 @@ BENCHES = {
     "scale": (
         ["--jobs", "2000", "--reps", "3", "--page-reps", "2", "--dashboard-reps", "1", "--before-reps", "1", "--force"],
         "| engine | claim (leases.claim_next) |",
+    ),
+    "worker_api": (
+        ["--idle-workers", "5", "--seconds", "2", "--jobs", "50", "--latency-jobs", "5", "--settle", "1", "--force"],
+        "| drain | HTTP / RQ jobs/s |",
     ),
 }
 
@@ -51,3 +57,11 @@ def test_benchmark_runs_with_tiny_sizes(name: str, redis_clean: None) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert expected in done.stdout, output[-4000:]
+    if name == "worker_api":
+        # Every measured number in the table is finite (the targets are not checked: not a speed test).
+        rows = [line for line in done.stdout.splitlines() if line.startswith(("| idle", "| wake", "| drain"))]
+        assert len(rows) == 10, output[-4000:]
+        for row in rows:
+            value = row.split("|")[3].replace(",", "")
+            numbers = [float(n) for n in re.findall(r"inf|nan|\d+(?:\.\d+)?", value)]
+            assert numbers and all(math.isfinite(n) for n in numbers), row
