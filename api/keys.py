@@ -9,7 +9,7 @@ is cached in this process, keyed by the key's hash; every cached key is checked 
 the database in **one** query per ``KOALA_API_KEY_CACHE_SECONDS`` (however many keys are
 cached), and ``last_used_at`` is written by one conditional UPDATE per minute for all the keys
 this process saw. Expiry is checked against the cached ``expires_at`` on every call. A revoke
-drops the key from this process's cache at once and publishes its prefix on ``REVOKED_CHANNEL``
+drops the key from this process's cache at once and publishes its prefix on ``revoked_channel()``
 for the other processes; if Redis is down, the cache's lifetime bounds how long they accept it.
 """
 
@@ -41,7 +41,12 @@ from workers import doorbell
 
 log = logging.getLogger("koala.api.keys")
 
-REVOKED_CHANNEL = "koala:api:keys-revoked"
+
+def revoked_channel() -> str:
+    """Where revoke_key announces a revoked prefix (per deployment: workers.doorbell.channel)."""
+    return doorbell.channel("api-keys-revoked")
+
+
 LAST_USED_EVERY_SECONDS = 60.0  # last_used_at moves at most this often per key
 PREFIX_CHARS = 8
 _KEY_SHAPE = re.compile(r"kk_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
@@ -324,7 +329,7 @@ def create_key(
 def _announce_revoked(prefix: str) -> None:
     forget_cached(prefix)
     try:
-        doorbell.redis_connection().publish(REVOKED_CHANNEL, prefix)
+        doorbell.redis_connection().publish(revoked_channel(), prefix)
     except Exception as exc:  # Redis down: the other processes' caches expire within their TTL
         log.warning(
             "could not announce the revoke of kk_%s on Redis (%s); other processes accept it for up to %ss",

@@ -3,7 +3,7 @@
 Waiting costs one open request per idle worker and nothing else:
 
 - A waiting acquire is a future in ``Hub.waiters``; no request polls the database by itself.
-- The hub looks for work when the Redis doorbell rings (``workers.doorbell.CHANNEL``: enqueue,
+- The hub looks for work when the Redis doorbell rings (``workers.doorbell.channel("doorbell")``: enqueue,
   the dispatcher re-ringing due retries and unparked jobs, a passed-on doorbell), when a worker
   whose last look found work asks again, and otherwise once every ``KOALA_API_POLL_SECONDS``
   (default 1 s, at least 0.5 s: never more than twice a second) — for all waiters at once.
@@ -269,7 +269,8 @@ class Hub:
             try:
                 client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, health_check_interval=30)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(doorbell.CHANNEL, keys.REVOKED_CHANNEL)
+                rings, revoked = doorbell.channel("doorbell"), keys.revoked_channel()
+                pubsub.subscribe(rings, revoked)
                 delay = 0.5
                 # A reconnect may have missed rings: look once.
                 if self.loop is not None:
@@ -279,7 +280,7 @@ class Hub:
                     if message is None:
                         continue
                     channel = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
-                    if channel == keys.REVOKED_CHANNEL:
+                    if channel == revoked:
                         data = message["data"]
                         keys.forget_cached(data.decode() if isinstance(data, bytes) else str(data))
                     elif self.loop is not None:

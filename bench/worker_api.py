@@ -305,7 +305,7 @@ class RingCounter(threading.Thread):
 
         super().__init__(name="ring-counter", daemon=True)
         self.pubsub = Redis.from_url(os.environ["REDIS_URL"]).pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(doorbell.CHANNEL)
+        self.pubsub.subscribe(doorbell.channel("doorbell"))
         self.pubsub.get_message(timeout=1.0)  # the subscribe confirmation
         self.rings = 0
         self.stopping = threading.Event()

@@ -26,10 +26,10 @@ from rq.queue import EnqueueData
 log = logging.getLogger(__name__)
 
 ENTRY = "workers.runtime.deliver"
-# Published with the queue's name on every ring: the HTTP worker API's long-poll (api.poller)
-# subscribes, so waiting HTTP workers wake when work comes due, like RQ workers blocked in BLPOP.
-# A hint only: a missed message costs at most one poll interval (KOALA_API_POLL_SECONDS).
-CHANNEL = "koala:doorbell"
+# Published with the queue's name on every ring (channel("doorbell")): the HTTP worker API's
+# long-poll (api.poller) subscribes, so waiting HTTP workers wake when work comes due, like RQ
+# workers blocked in BLPOP. A hint only: a missed message costs at most one poll interval
+# (KOALA_API_POLL_SECONDS).
 HOPS = "koala_hops"  # message meta: how many workers have passed this doorbell on (see pass_on)
 _connection: Redis | None = None
 
@@ -45,6 +45,14 @@ def reset_connection() -> None:
     """Forget the client (after fork, or when tests point REDIS_URL elsewhere)."""
     global _connection
     _connection = None
+
+
+def channel(name: str) -> str:
+    """A pub/sub channel of this deployment. Pub/sub is server-wide in Redis, not per database
+    number, so the name carries REDIS_URL's database: two deployments sharing one Redis server
+    on different databases never wake each other's pollers."""
+    db = redis_connection().connection_pool.connection_kwargs.get("db", 0)
+    return f"koala:{db}:{name}"
 
 
 def rq_queue(name: str) -> Queue:
@@ -66,7 +74,7 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
     """
     limit = settings.KOALA_DOORBELL_DEPTH if depth is None else depth
     try:
-        redis_connection().publish(CHANNEL, queue)
+        redis_connection().publish(channel("doorbell"), queue)
         q = rq_queue(queue)
         room = limit - q.count
         if room <= 0:

@@ -11,7 +11,7 @@ import functools
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from django.conf import settings
@@ -31,28 +31,47 @@ NAME = re.compile(protocol.NAME_PATTERN)
 View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
-def worker_call(view: Callable[..., Awaitable[HttpResponse]]) -> View:
-    """POST only, a key with the worker scope, a JSON object body; every refusal a JSON error."""
+def worker_call(view: Callable[..., HttpResponse]) -> View:
+    """POST only, a key with the worker scope, a JSON object body; every refusal a JSON error.
+
+    ``view`` is a plain function; the whole call (key, body, the call's own queries) runs as ONE
+    task in the hub's thread pool: a worker's call costs one thread hop, not one per query.
+    """
 
     @functools.wraps(view)
     async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            if request.method != "POST":
-                raise ApiError(
-                    405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers={"Allow": "POST"}
-                )
-            principal = await hub().run(keys.authenticate, request.headers.get("Authorization"))
-            keys.require(principal, KeyScope.WORKER)
-            data = http.json_body(request)
-            return await view(request, principal, data, *args, **kwargs)
-        except ApiError as refused:
-            return refused.response()
-        except (OperationalError, InterfaceError) as exc:
-            # The database is away (a restart, a failover): the worker backs off and tries again.
-            log.warning("worker API call %s: database unavailable (%s)", view.__name__, type(exc).__name__)
-            return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+        if request.method != "POST":
+            allow = {"Allow": "POST"}
+            return ApiError(
+                405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers=allow
+            ).response()
+        return await hub().run(_serve, view, request, args, kwargs)
 
     return csrf_exempt(wrapped)
+
+
+def _post_only(request: HttpRequest) -> HttpResponse:
+    refused = ApiError(405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers={"Allow": "POST"})
+    return refused.response()
+
+
+def _serve(view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        principal = _principal(request)
+        data = http.json_body(request)
+        return view(request, principal, data, *args, **kwargs)
+    except ApiError as refused:
+        return refused.response()
+    except (OperationalError, InterfaceError) as exc:
+        # The database is away (a restart, a failover): the worker backs off and tries again.
+        log.warning("worker API call %s: database unavailable (%s)", view.__name__, type(exc).__name__)
+        return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+
+
+def _principal(request: HttpRequest) -> Principal:
+    principal = keys.authenticate(request.headers.get("Authorization"))
+    keys.require(principal, KeyScope.WORKER)
+    return principal
 
 
 def _lease_fields(data: dict[str, Any]) -> tuple[str, str]:
@@ -61,10 +80,10 @@ def _lease_fields(data: dict[str, Any]) -> tuple[str, str]:
     return worker_id, token
 
 
-async def _held(principal: Principal, data: dict[str, Any], lease_id: int) -> HeldLease:
+def _held(principal: Principal, data: dict[str, Any], lease_id: int) -> HeldLease:
     worker_id, token = _lease_fields(data)
     hub().seen(worker_id)
-    return await hub().run(protocol.held_lease, lease_id=lease_id, worker_id=worker_id, token=token, key_prefix=principal.prefix)
+    return protocol.held_lease(lease_id=lease_id, worker_id=worker_id, token=token, key_prefix=principal.prefix)
 
 
 def _kinds(data: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
@@ -94,7 +113,7 @@ def _kinds(data: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
 
 
 @worker_call
-async def register(request: HttpRequest, principal: Principal, data: dict[str, Any]) -> HttpResponse:
+def register(request: HttpRequest, principal: Principal, data: dict[str, Any]) -> HttpResponse:
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not NAME.fullmatch(name)):
         raise invalid("name", "must be 1 to 200 of A-Z a-z 0-9 . _ @ + -")
@@ -108,8 +127,7 @@ async def register(request: HttpRequest, principal: Principal, data: dict[str, A
     served = _kinds(data)
     if name is None and not re.fullmatch(protocol.NAME_PATTERN, f"http.{hostname}.{pid}"):
         raise invalid("hostname", "cannot name a worker; give a name")
-    registration = await hub().run(
-        protocol.register,
+    registration = protocol.register(
         key_prefix=principal.prefix,
         name=name,
         hostname=hostname,
@@ -136,11 +154,12 @@ def poll_seconds() -> float:
     return float(getattr(settings, "KOALA_API_ACQUIRE_WAIT_SECONDS", 60.0))
 
 
-@worker_call
-async def acquire(request: HttpRequest, principal: Principal, data: dict[str, Any], worker_id: str) -> HttpResponse:
-    registration = await hub().run(protocol.registration, worker_id=worker_id, key_prefix=principal.prefix)
+def _acquiring(
+    request: HttpRequest, principal: Principal, data: dict[str, Any], worker_id: str
+) -> tuple[protocol.Registration, int, float]:
+    registration = protocol.registration(worker_id=worker_id, key_prefix=principal.prefix)
     count = http.integer(data, "max", minimum=1, maximum=protocol.MAX_CONCURRENCY, default=1)
-    wait = http.number(data, "wait_seconds", minimum=0, maximum=poll_seconds(), default=poll_seconds())
+    wait = http.number(data, "wait_seconds", minimum=0, maximum=poll_seconds(), default=poll_seconds()) or 0.0
     if count > registration.concurrency:
         raise ApiError(
             429,
@@ -148,30 +167,48 @@ async def acquire(request: HttpRequest, principal: Principal, data: dict[str, An
             f"max {count} exceeds this worker's concurrency of {registration.concurrency}",
             headers={"Retry-After": "1"},
         )
+    return registration, count, wait
+
+
+@csrf_exempt
+async def acquire(request: HttpRequest, worker_id: str) -> HttpResponse:
+    """The long-poll: the key, body and registration in one pool task, then a wait in the hub
+    that holds no thread."""
+    if request.method != "POST":
+        return ApiError(
+            405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers={"Allow": "POST"}
+        ).response()
+    prepared = await hub().run(_serve, _acquiring, request, (), {"worker_id": worker_id})
+    if isinstance(prepared, HttpResponse):
+        return prepared
+    registration, count, wait = prepared
     try:
-        got = await hub().acquire(registration, count=count, wait=wait or 0.0)
+        got = await hub().acquire(registration, count=count, wait=wait)
     except OverConcurrency as over:
-        raise ApiError(
+        return ApiError(
             429,
             "concurrency_exceeded",
             f"this worker holds {over.held} leases of its concurrency {registration.concurrency}; finish one first",
             headers={"Retry-After": "1"},
-        ) from None
+        ).response()
+    except (OperationalError, InterfaceError) as exc:
+        log.warning("worker API acquire: database unavailable (%s)", type(exc).__name__)
+        return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
     if not got:
         return HttpResponse(status=204)
     return JsonResponse({"leases": [protocol.lease_payload(lease, worker_id=worker_id) for lease in got]})
 
 
 @worker_call
-async def heartbeat(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
+def heartbeat(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
     progress = http.obj(data, "progress")
-    held = await _held(principal, data, lease_id)
-    answer = await hub().run(protocol.heartbeat, held=held, progress=progress)
+    held = _held(principal, data, lease_id)
+    answer = protocol.heartbeat(held=held, progress=progress)
     return JsonResponse(answer)
 
 
 @worker_call
-async def complete(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
+def complete(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
     state_delta = http.obj(data, "state_delta") or {}
     usage = http.obj(data, "usage")
     if usage is not None:
@@ -180,10 +217,9 @@ async def complete(request: HttpRequest, principal: Principal, data: dict[str, A
     if not isinstance(spans, list):
         raise invalid("spans", "must be a list")
     duration = http.number(data, "duration_seconds", minimum=0, maximum=10**7, default=0.0) or 0.0
-    held = await _held(principal, data, lease_id)
+    held = _held(principal, data, lease_id)
     checked = protocol.check_spans(spans, step_span=protocol.span_id_of(held.lease))
-    outcome = await hub().run(
-        protocol.complete,
+    outcome = protocol.complete(
         held=held,
         output=data.get("output"),
         state_delta=state_delta,
@@ -196,7 +232,7 @@ async def complete(request: HttpRequest, principal: Principal, data: dict[str, A
 
 
 @worker_call
-async def fail(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
+def fail(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
     classification = http.text(data, "classification", max_length=20)
     if classification not in protocol.CLASSIFICATIONS:
         raise invalid("classification", f"must be one of {', '.join(protocol.CLASSIFICATIONS)}")
@@ -207,9 +243,8 @@ async def fail(request: HttpRequest, principal: Principal, data: dict[str, Any],
     retry_after = http.number(data, "retry_after", minimum=0, maximum=86400)
     body_started = http.boolean(data, "body_started", default=True)
     safe_point = http.boolean(data, "safe_point", default=False)
-    held = await _held(principal, data, lease_id)
-    outcome = await hub().run(
-        protocol.fail,
+    held = _held(principal, data, lease_id)
+    outcome = protocol.fail(
         held=held,
         classification=classification,
         error_class=error_class,
@@ -223,7 +258,7 @@ async def fail(request: HttpRequest, principal: Principal, data: dict[str, Any],
 
 
 @worker_call
-async def begin_operation(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
+def begin_operation(request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int) -> HttpResponse:
     name = http.text(data, "name", max_length=100)
     options: dict[str, Any] = {
         "kind": http.text(data, "kind", max_length=50),
@@ -239,15 +274,13 @@ async def begin_operation(request: HttpRequest, principal: Principal, data: dict
         options["key"] = key
     can_look_up = http.boolean(data, "can_look_up", default=False)
     lookup = http.obj(data, "lookup")
-    held = await _held(principal, data, lease_id)
-    answer = await hub().run(
-        protocol.begin_operation, held=held, name=name, options=options, can_look_up=can_look_up, lookup=lookup
-    )
+    held = _held(principal, data, lease_id)
+    answer = protocol.begin_operation(held=held, name=name, options=options, can_look_up=can_look_up, lookup=lookup)
     return JsonResponse(answer)
 
 
 @worker_call
-async def settle_operation(
+def settle_operation(
     request: HttpRequest, principal: Principal, data: dict[str, Any], lease_id: int, operation_id: int
 ) -> HttpResponse:
     outcome = http.text(data, "outcome", max_length=20)
@@ -256,9 +289,8 @@ async def settle_operation(
     found = {k: data.get(k) for k in ("external_id", "data", "cost_minor", "usage")}
     message = http.text(data, "message", required=False, max_length=100_000)
     retry_after = http.number(data, "retry_after", minimum=0, maximum=86400)
-    held = await _held(principal, data, lease_id)
-    answer = await hub().run(
-        protocol.settle_operation,
+    held = _held(principal, data, lease_id)
+    answer = protocol.settle_operation(
         held=held,
         operation_id=operation_id,
         outcome=outcome,

@@ -122,7 +122,7 @@ def test_revoked_key_is_refused_at_once_in_this_process_and_announced(redis_clea
     row, raw = new_key("worker")
     authenticate(f"Bearer {raw}")  # cached
     listener = doorbell.redis_connection().pubsub()
-    listener.subscribe(keys.REVOKED_CHANNEL)
+    listener.subscribe(keys.revoked_channel())
     listener.get_message(timeout=2)  # the subscribe confirmation
     revoke_key(key_id=row.pk, actor="ops")
     refused = refusal(f"Bearer {raw}")
