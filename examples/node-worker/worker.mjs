@@ -6,6 +6,8 @@
 //
 // The body: output {"echo": input}. If the input has a number "delay_ms", the body first waits
 // that long (heartbeating meanwhile), so a long step, a cancel or a shutdown can be watched.
+// KOALA_NO_BODY=name@version,... : kinds registered (declared) but with no body in this process
+// (a deploy where the declaration runs ahead of the code): their leases are failed "unservable".
 
 import os from "node:os";
 
@@ -19,6 +21,10 @@ const CONCURRENCY = Number(process.env.KOALA_CONCURRENCY || 4);
 const NAME = process.env.KOALA_WORKER_NAME || undefined;
 const SHUTDOWN_DEADLINE_MS = Number(process.env.KOALA_SHUTDOWN_DEADLINE_SECONDS || 10) * 1000;
 const serves = new Set(KINDS.map((k) => `${k.name}@${k.version}`));
+const NO_BODY = new Set((process.env.KOALA_NO_BODY || "").split(",").map((s) => s.trim()).filter(Boolean)
+  .map((spec) => (spec.includes("@") ? spec : `${spec}@1`)));
+// The body table: what this process can actually run, by kind@version.
+const BODIES = new Map([...serves].filter((k) => !NO_BODY.has(k)).map((k) => [k, echoBody]));
 
 const log = (...args) => console.log(new Date().toISOString(), "koala-node:", ...args);
 const sleep = (ms, signal) => new Promise((resolve) => {
@@ -112,7 +118,7 @@ async function report(lease, what, extra) {
   }
 }
 
-async function body(input, signal) {
+async function echoBody(input, signal) {
   const delay = Number(input?.delay_ms || 0);
   if (delay > 0) await sleep(delay, signal);
   return { echo: input };
@@ -122,7 +128,8 @@ async function run(lease) {
   const entry = { lease, abort: new AbortController(), lost: false, reported: false, started: false };
   held.set(lease.lease_id, entry);
   try {
-    if (!serves.has(`${lease.kind}@${lease.version}`) || lease.step) {
+    const body = BODIES.get(`${lease.kind}@${lease.version}`);
+    if (!body || lease.step) {
       entry.reported = true;
       await report(lease, "fail", { classification: "unservable", error_class: "Unservable", message: `no body for ${lease.kind}@${lease.version}` });
       return;
