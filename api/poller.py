@@ -87,9 +87,6 @@ class Hub:
         self._stopping = threading.Event()
         # Signatures whose last look found nothing, cleared by every ring and tick.
         self._empty: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
-        # Leases handed out through this process and not yet ended through it, per worker: an
-        # upper bound of what it holds, so the concurrency check needs no query in the common case.
-        self.handed: dict[str, set[int]] = {}
         self._seen: set[str] = set()
         self._last_presence = time.monotonic()
         self._pass: tuple[float, ClaimPass] | None = None
@@ -129,7 +126,6 @@ class Hub:
             for _, got in results:
                 if isinstance(got, OverConcurrency):
                     raise got
-                self.handed.setdefault(registration.worker_id, set()).update(lease.attempt_id for lease in got)
                 return got
             return []
         self.waiters.append(waiter)
@@ -144,9 +140,6 @@ class Hub:
                 self.waiters.remove(waiter)
             if not waiter.future.done():
                 waiter.future.cancel()
-
-    def lease_ended(self, *, worker_id: str, lease_id: int) -> None:
-        self.handed.get(worker_id, set()).discard(lease_id)
 
     def seen(self, worker_id: str) -> None:
         self._seen.add(worker_id)
@@ -203,7 +196,6 @@ class Hub:
                 # The request ended while we claimed for it: give the leases back, no attempt used.
                 await self.run(protocol.give_back, leases_=got)
                 continue
-            self.handed.setdefault(waiter.registration.worker_id, set()).update(lease.attempt_id for lease in got)
             waiter.future.set_result(got)
 
     def _claim_pass(self) -> ClaimPass:
@@ -224,17 +216,15 @@ class Hub:
             registration = waiter.registration
             if registration.signature in empty:
                 continue
-            count = waiter.count
-            handed = len(self.handed.get(registration.worker_id, ()))
-            if handed + count > registration.concurrency:
-                # Our estimate says it may be over: count exactly (leases end elsewhere too).
-                held = protocol.count_held(worker_id=registration.worker_id)
-                self.handed[registration.worker_id] = set()
-                if held + count > registration.concurrency:
-                    count = registration.concurrency - held
-                    if count <= 0:
-                        results.append((waiter, OverConcurrency(held)))
-                        continue
+            # Exact, from the database, right before claiming: leases end elsewhere too (the
+            # reaper, a cancel, another server process the worker also talks to). Only waiters
+            # whose signature may have work pay this query; an idle round stops at the first
+            # empty claim of each signature.
+            held = protocol.count_held(worker_id=registration.worker_id)
+            count = min(waiter.count, registration.concurrency - held)
+            if count <= 0:
+                results.append((waiter, OverConcurrency(held)))
+                continue
             got = protocol.claim_for(registration, count=count, state=state)
             if got:
                 results.append((waiter, got))

@@ -227,7 +227,6 @@ def complete(request: HttpRequest, principal: Principal, data: dict[str, Any], l
         spans=checked,
         duration_seconds=duration,
     )
-    hub().lease_ended(worker_id=held.worker_id, lease_id=lease_id)
     return JsonResponse({"outcome": outcome})
 
 
@@ -253,7 +252,6 @@ def fail(request: HttpRequest, principal: Principal, data: dict[str, Any], lease
         body_started=body_started,
         safe_point=safe_point,
     )
-    hub().lease_ended(worker_id=held.worker_id, lease_id=lease_id)
     return JsonResponse({"outcome": outcome})
 
 

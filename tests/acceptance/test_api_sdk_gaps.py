@@ -140,11 +140,6 @@ def test_the_client_raises_a_429_with_its_retry_after_and_nothing_changes(api_se
     assert len(attempts(first)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/poller.py:232 (_claim_round) empties the per-process estimate of leases handed out after an "
-    "exact count, so the acquire after a 429 trusts '0 held' and claims past the worker's concurrency",
-)
 def test_every_acquire_past_the_concurrency_is_refused_not_only_every_other_one(api_server: ApiServer, worker_key: str) -> None:
     first, second = enqueue(n=1), enqueue(n=2)
     client = Client(api_server.url, worker_key, timeout=10)
@@ -167,8 +162,7 @@ def test_the_worker_waits_retry_after_on_a_429_instead_of_spinning(api_server: A
         return {"echo": data}
 
     # A gateway in front of Koala refuses acquire with 429 and Retry-After: 1 (the server answers
-    # a worker over its concurrency the same way). Koala's own 429 cannot be held for a while:
-    # see the xfailed test above.
+    # a worker over its concurrency the same way); the proxy lets a test hold the 429 for a while.
     with CountingProxy(api_server.port) as proxy:
         proxy.refuse("/acquire", 429, retry_after=1)
         worker = Worker(Client(proxy.url, worker_key, timeout=10), concurrency=1, name="sdk-wait", shutdown_deadline=5)
