@@ -351,6 +351,19 @@ def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> li
     lease_seconds = float(settings.KOALA_LEASE_SECONDS)
     for queue in registration.queues:
         skip = state.skip.setdefault(queue, list(state.skip.get("*", [])))
+        if not state.gated and queue not in state.blocked:
+            # No budget gates claims: the whole request in one statement (one commit).
+            got += leases.claim_next_many(
+                queue=queue,
+                served=registration.served,
+                worker=registration.worker_id,
+                lease_seconds=lease_seconds,
+                count=count - len(got),
+                skip_kinds=skip,
+            )
+            if len(got) >= count:
+                break
+            continue
         while len(got) < count and queue not in state.blocked:
             try:
                 lease = leases.claim_next(
@@ -537,14 +550,15 @@ def complete(
         # attempt's spans would describe a run whose outcome is someone else's).
         with transaction.atomic():
             outcome = _record(held, decision, report)
-            _store_spans(lease, step_span=step_span, spans=spans, total=total, redactor=redactor)
+            if spans:  # a body that recorded no spans leaves only its attempt row (no trace to draw)
+                _store_spans(held, step_span=step_span, spans=spans, total=total, redactor=redactor)
     return outcome or Outcome.SUCCEEDED
 
 
 def _store_spans(
-    lease: Lease, *, step_span: str, spans: Sequence[dict[str, Any]], total: dict[str, float], redactor: redaction.Redactor
+    held: HeldLease, *, step_span: str, spans: Sequence[dict[str, Any]], total: dict[str, float], redactor: redaction.Redactor
 ) -> None:
-    started = Attempt.objects.filter(pk=lease.attempt_id).values_list("started_at", flat=True).first()
+    lease, started = held.lease, held.started_at
     rows = [
         Span(
             job_id=lease.job_id,

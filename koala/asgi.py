@@ -5,12 +5,14 @@ costs one open request per worker and no thread; the admin, console and exports 
 (Django runs their sync views on threads). koala/wsgi.py stays for a WSGI server that serves
 everything except the long-polling acquire.
 
-Requests under /api/ go through a handler with the API's own, shorter middleware list: the
+The worker calls (/api/v1/workers/…, /api/v1/leases/…) are served by api/asgi.py directly. Other
+requests under /api/ go through a handler with the API's own, shorter middleware list: the
 same URLconf and views, but no sessions, CSRF, messages or clickjacking headers (the API takes
 keys, never cookies). Under ASGI each of Django's ``MiddlewareMixin`` middleware runs its hooks
 through ``sync_to_async``: seven of them cost a worker about fourteen thread hops per call.
 """
 
+import importlib
 import os
 from typing import Any
 
@@ -40,10 +42,15 @@ class ApiHandler(ASGIHandler):
 
 
 api = ApiHandler()
+# The worker calls' own path (api/asgi.py: no Django request handler around the hot calls), named
+# by its dotted path like an installed app, so the project imports no app.
+worker_calls = importlib.import_module(settings.KOALA_API_ASGI_MODULE)
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "http" and scope.get("path", "").startswith("/api/"):
+    if worker_calls.handles(scope):
+        await worker_calls.worker_calls(scope, receive, send, fallback=api)
+    elif scope["type"] == "http" and scope.get("path", "").startswith("/api/"):
         await api(scope, receive, send)
     else:
         await site(scope, receive, send)

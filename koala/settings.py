@@ -219,6 +219,8 @@ MIDDLEWARE = [
 ROOT_URLCONF = "koala.urls"
 WSGI_APPLICATION = "koala.wsgi.application"
 ASGI_APPLICATION = "koala.asgi.application"
+# The module serving the worker calls under ASGI (koala/asgi.py): configuration, like INSTALLED_APPS.
+KOALA_API_ASGI_MODULE = "api.asgi"
 
 TEMPLATES = [
     {

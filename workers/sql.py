@@ -120,13 +120,13 @@ WITH picked AS (
       AND {not_paused}
     ORDER BY priority DESC, scheduled_at, id
     FOR UPDATE SKIP LOCKED
-    LIMIT 1
+    LIMIT {limit}
 ), c AS (
     UPDATE workers_job j
     SET state = 'running', lease_token = j.lease_token + 1, lease_holder = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
         attempts = j.attempts + 1, updated_at = now()
-    WHERE j.id = (SELECT id FROM picked) AND j.state IS NOT DISTINCT FROM 'queued'
+    WHERE j.id {match} AND j.state IS NOT DISTINCT FROM 'queued'
     RETURNING j.*
 ), a AS (
     INSERT INTO workers_attempt
@@ -140,9 +140,9 @@ SELECT {columns} FROM c JOIN a ON a.job_id = c.id
 """
 
 # The lease attempt %s holds (or held): the job as a Lease with the attempt's own fencing token,
-# plus the attempt's worker and outcome. For the HTTP protocol, whose calls name the attempt.
+# plus the attempt's worker, outcome and start. For the HTTP protocol, whose calls name the attempt.
 LEASE_OF_ATTEMPT = (
-    "SELECT " + LEASE_COLUMNS.replace("c.lease_token", "a.lease_token") + ", a.worker_id, a.outcome "
+    "SELECT " + LEASE_COLUMNS.replace("c.lease_token", "a.lease_token") + ", a.worker_id, a.outcome, a.started_at "
     "FROM workers_job c JOIN workers_attempt a ON a.job_id = c.id WHERE a.id = %s"
 )
 
@@ -156,6 +156,8 @@ CLAIM_JOB = _CLAIM.format(
     queued="state IS NOT DISTINCT FROM 'queued'",
     not_paused=_JOB_NOT_PAUSED,
     columns=LEASE_COLUMNS,
+    limit="1",
+    match="= (SELECT id FROM picked)",
 )
 
 # Claim the next due job of %(queue)s among the served pairs, skipping the kinds in %(skip)s.
@@ -164,6 +166,20 @@ CLAIM_NEXT = _CLAIM.format(
     queued="state = 'queued'",
     not_paused=_JOB_NOT_PAUSED,
     columns=LEASE_COLUMNS,
+    limit="1",
+    match="= (SELECT id FROM picked)",
+)
+
+# Claim up to %(n)s next due jobs of %(queue)s at once (one statement, one commit), as CLAIM_NEXT
+# picks them: for a worker asking for several leases (the HTTP protocol's acquire), when no
+# budget gates claims (a gated claim admits each job in its own transaction: leases._claim).
+CLAIM_NEXT_MANY = _CLAIM.format(
+    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
+    queued="state = 'queued'",
+    not_paused=_JOB_NOT_PAUSED,
+    columns=LEASE_COLUMNS,
+    limit="%(n)s",
+    match="IN (SELECT id FROM picked)",
 )
 
 # After a claim by id found nothing: the queue and version of a due job of an unserved pair

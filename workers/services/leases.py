@@ -80,6 +80,7 @@ class HeldLease:
     lease: Lease
     worker_id: str
     outcome: str | None
+    started_at: datetime
 
 
 def lease_of(*, attempt_id: int) -> HeldLease | None:
@@ -89,7 +90,7 @@ def lease_of(*, attempt_id: int) -> HeldLease | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    return HeldLease(lease=_lease(row[:-2]), worker_id=row[-2], outcome=row[-1])
+    return HeldLease(lease=_lease(row[:-3]), worker_id=row[-3], outcome=row[-2], started_at=row[-1])
 
 
 def _claim(statement: str, params: dict[str, Any], *, gated: bool) -> Lease | None:
@@ -189,6 +190,27 @@ def claim_next(
         {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds, "skip": list(skip_kinds)},
         gated=gated,
     )
+
+
+def claim_next_many(
+    *, queue: str, served: Sequence[str], worker: str, lease_seconds: float, count: int, skip_kinds: Sequence[str] = ()
+) -> list[Lease]:
+    """Claim up to ``count`` due jobs of ``queue`` in one statement. Only while no budget gates
+    claims (``budgets.claims_are_gated()`` is False): pauses are in the SQL, as in claim_next."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.CLAIM_NEXT_MANY,
+            {
+                "queue": queue,
+                "served": list(served),
+                "worker": worker,
+                "lease": lease_seconds,
+                "skip": list(skip_kinds),
+                "n": count,
+            },
+        )
+        rows = cursor.fetchall()
+    return [_lease(row) for row in rows]
 
 
 def park_queued(*, job_id: int, reason: str, detail: str, parked_on: dict[str, Any] | None = None) -> bool:
