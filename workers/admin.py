@@ -15,7 +15,7 @@ from koala import redaction
 from koala.readonly_admin import ReadOnlyAdmin
 from workers import kinds, targets
 from workers.errors import JobStateError, SafetyError
-from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, WorkerProcess
+from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, Span, WorkerProcess
 from workers.selectors.jobs import job_for_person, redacted_copy
 from workers.services import budgets as budget_services
 from workers.services.jobs import cancel_job, requeue_job, retry_job
@@ -152,9 +152,23 @@ class AttemptAdmin(JobDataAdmin):
     search_fields = ["=job__id", "worker_id"]
 
 
+@admin.register(Span)
+class SpanAdmin(JobDataAdmin):
+    """An attempt's trace: the step span Koala opened and the spans an HTTP worker's body sent."""
+
+    list_display = ["id", "job", "attempt", "span_name", "span_id", "parent_id", "started_at", "ended_at"]
+    list_select_related = ["job", "attempt"]
+    search_fields = ["=job__id", "=trace_id", "=span_id"]
+
+    @admin.display(description="name")
+    def span_name(self, obj: Span) -> str:
+        # The list shows rows, not shown() copies: mask the name with its job's context here.
+        return kinds.job_redactor(obj.job).text(obj.name)
+
+
 @admin.register(WorkerProcess)
 class WorkerProcessAdmin(ReadOnlyAdmin):
-    list_display = ["name", "hostname", "pid", "worker_class", "started_at", "last_seen_at", "stopped_at"]
+    list_display = ["name", "hostname", "pid", "worker_class", "concurrency", "started_at", "last_seen_at", "stopped_at"]
     list_filter = ["hostname", "worker_class"]
 
 

@@ -42,6 +42,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import Resolver404, resolve, reverse
 
+from api.keys import create_key
 from devtools.sandbox.provider import FakeProvider
 from exports.models import Export, ExportState
 from exports.services import cancel_export, grant_account_access
@@ -52,14 +53,14 @@ from tests.links import page_links
 from tests.support.console_scenarios import shop, uncertain_charge
 from tests.support.exports import People, load_events, request
 from tests.support.fleet import wait_workers_ready
-from workers.models import Budget, Job
+from workers.models import Attempt, Budget, Job, Span
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import cancel_job, enqueue
 from workers.services.pauses import pause, resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-KOALA_APPS = ("workers", "exports", "reviews", "koala", "console")
+KOALA_APPS = ("workers", "exports", "reviews", "koala", "console", "api")
 CAP_PER_VIEW = 3
 ALLOWED = {200, 302, 403, 404}
 SKIPPED_PREFIXES = ("/static/", "/admin/logout/")
@@ -174,6 +175,20 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
         created_by="alice",
     ).job_id
     run_until(boom, "failed")
+    # Spans as an HTTP worker's body reports them (the protocol stores them redacted; a row that
+    # holds the declared value and a bearer token proves the span pages mask again when shown).
+    boom_attempt = Attempt.objects.get(job_id=boom)
+    Span.objects.create(
+        job_id=boom,
+        attempt=boom_attempt,
+        trace_id="a" * 32,
+        span_id="b" * 16,
+        name=f"model.call {planted.bearer}",
+        attributes={"memo": planted.declared["boom"]},
+        usage={"input_tokens": 3},
+    )
+    # An API key (its page shows the prefix; the raw key is never stored).
+    create_key(name="crawl worker", scopes=["worker"], actor="root")
     # A body repeating free text and its declared field in an operation and its error message.
     leaky = enqueue(kind="tests.leaky", input={"note": text, "customer_code": planted.declared["tests.leaky"]}).job_id
     run_until(leaky, "failed")

@@ -110,11 +110,13 @@ def test_repeat_of_the_same_completion_is_already_recorded(redis_clean: None) ->
     assert lease is not None
     assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is None
     assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is Rejection.ALREADY_RECORDED
-    # A different report from the same attempt cannot change a terminal job either.
+    # A different report from the same attempt cannot change a terminal job either; its first
+    # report stands, so it is told already_recorded (not lease_expired: no reaper decides a
+    # finished job).
     rejection = leases.fail(
         job_id=job_id, lease_token=lease.lease_token, reason=FailureReason.FATAL, error_class="X", message="late"
     )
-    assert rejection is Rejection.LEASE_EXPIRED
+    assert rejection is Rejection.ALREADY_RECORDED
     assert Job.objects.get(pk=job_id).state == "succeeded"
 
 
