@@ -387,57 +387,56 @@ def enqueue_incr(n: int) -> None:
 
 
 def http_drain(logdir: Path, key: str, n: int) -> Drain:
-    """A threaded protocol client (no SDK on main yet): one registration at concurrency 8, eight
-    threads each on its own keep-alive connection looping acquire(max 1) -> INCR -> complete."""
+    """The Python SDK worker (sdk/python: ``Worker(client, concurrency=8)``), its body the same
+    Redis INCR the RQ runtime's runs, draining n jobs against one server process."""
     from redis import Redis
 
     from bench.throughput import koala_verify, reset
 
+    sdk = str(Path(__file__).resolve().parents[1] / "sdk" / "python" / "src")
+    if sdk not in sys.path:
+        sys.path.insert(0, sdk)
+    from koala_worker import Client as SdkClient
+    from koala_worker import Worker
+
     reset(True)
     server = Server(logdir, "api-drain")
-    try:
-        worker_id = register(Client(server.port, key), name="bench-http", kinds=[INCR], concurrency=HTTP_CONCURRENCY)
-        enqueue_incr(n)
-        lock = threading.Lock()
-        done = [0]
-        finished = threading.Event()
-        errors: list[str] = []
+    redis = Redis.from_url(os.environ["REDIS_URL"])
+    done = [0]
+    lock = threading.Lock()
+    finished = threading.Event()
 
-        def loop() -> None:
-            client = Client(server.port, key)
-            redis = Redis.from_url(os.environ["REDIS_URL"])
-            path = f"/api/v1/workers/{worker_id}/acquire"
-            try:
-                while not finished.is_set():
-                    status, body = client.post(path, {"max": 1, "wait_seconds": 1})
-                    if status == 204:
-                        continue
-                    if status != 200:
-                        raise RuntimeError(f"acquire: {status} {body}")
-                    for lease in body["leases"]:
-                        complete(client, worker_id, lease, int(redis.incr(lease["input"]["key"])))
-                        with lock:
-                            done[0] += 1
-                            if done[0] >= n:
-                                finished.set()
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
+    def incr(ctx: Any, data: dict[str, Any]) -> int:
+        value = int(redis.incr(data["key"]))
+        with lock:
+            done[0] += 1
+            if done[0] >= n:
                 finished.set()
-            finally:
-                client.close()
+        return value
 
-        threads = [threading.Thread(target=loop, daemon=True) for _ in range(HTTP_CONCURRENCY)]
+    worker = Worker(
+        SdkClient(f"http://127.0.0.1:{server.port}", key, timeout=30),
+        concurrency=HTTP_CONCURRENCY,
+        name="bench-sdk",
+        shutdown_deadline=5,
+    )
+    worker.register(INCR["name"], INCR["version"], incr)
+    try:
+        enqueue_incr(n)
+        serving = threading.Thread(target=worker.serve, daemon=True)
         cpu0, t0 = server.cpu_seconds(), time.perf_counter()
-        for thread in threads:
-            thread.start()
+        serving.start()
         finished.wait(timeout=max(300.0, n / 5))
+        # The last completions are in flight when the last body returns: wait for the rows.
+        deadline = time.monotonic() + 30
+        while koala_verify(n) and time.monotonic() < deadline:
+            time.sleep(0.02)
         seconds, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
-        for thread in threads:
-            thread.join(timeout=10)
+        worker.stop()
+        serving.join(timeout=15)
     finally:
         server.stop()
-    problems = errors[:3] + koala_verify(n)
-    return Drain(f"HTTP worker, {HTTP_CONCURRENCY} threads", n, seconds, cpu, problems)
+    return Drain(f"SDK worker (koala_worker), concurrency {HTTP_CONCURRENCY}", n, seconds, cpu, koala_verify(n))
 
 
 def rq_drain(logdir: Path, n: int) -> Drain:
