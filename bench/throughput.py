@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as a script (python bench/NAME.py), Python puts bench/ first on sys.path, where a bench
@@ -65,25 +66,32 @@ def parse_args() -> argparse.Namespace:
 
 
 # -- measurements --------------------------------------------------------------------------
+def stats_connection() -> tuple[str, Any]:
+    """(the bench database's name, an autocommit psycopg connection to the ``postgres`` database
+    of the same server): pg_stat_database read from there adds nothing to what it measures."""
+    import psycopg
+    from django.db import connection
+
+    params = connection.settings_dict
+    pg = psycopg.connect(
+        dbname="postgres",
+        user=params.get("USER") or None,
+        password=params.get("PASSWORD") or None,
+        host=params.get("HOST") or None,
+        port=params.get("PORT") or None,
+        autocommit=True,
+    )
+    return params["NAME"], pg
+
+
 class Meters:
     """Commits in the bench database (pg_stat_database) and Redis calls (INFO commandstats)."""
 
     def __init__(self) -> None:
-        import psycopg
-        from django.db import connection
         from redis import Redis
 
-        params = connection.settings_dict
-        self.dbname = params["NAME"]
         # Read the statistics from another database, so reading them adds no commit to the bench one.
-        self.pg = psycopg.connect(
-            dbname="postgres",
-            user=params.get("USER") or None,
-            password=params.get("PASSWORD") or None,
-            host=params.get("HOST") or None,
-            port=params.get("PORT") or None,
-            autocommit=True,
-        )
+        self.dbname, self.pg = stats_connection()
         self.redis = Redis.from_url(os.environ["REDIS_URL"])
 
     def _xact_commit(self) -> int:

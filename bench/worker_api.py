@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.setup import guard, setup_django  # noqa: E402 - after the path set-up above
+from devtools.servers import uvicorn_command  # noqa: E402
 
 KEY = "koala:bench:koala"  # the incr kind's counter (bench.throughput.koala_verify checks it)
 ECHO: dict[str, Any] = {"name": "http.echo", "version": 1}
@@ -84,23 +85,7 @@ class Server:
         env = dict(os.environ)
         env.setdefault("LOG_LEVEL", "WARNING")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "koala.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--no-access-log",
-                "--lifespan",
-                "off",
-                "--timeout-graceful-shutdown",
-                "2",
-                "--backlog",
-                "4096",
-            ],
+            uvicorn_command(host="127.0.0.1", port=self.port, access_log=False, graceful_seconds=2, extra=("--backlog", "4096")),
             cwd=ROOT,
             env=env,
             stdout=open(self.log_path, "wb"),
@@ -250,19 +235,9 @@ class Meter:
     connection to the ``postgres`` database so that reading adds nothing to the measured one."""
 
     def __init__(self) -> None:
-        import psycopg
-        from django.db import connection
+        from bench.throughput import stats_connection
 
-        params = connection.settings_dict
-        self.dbname = params["NAME"]
-        self.pg = psycopg.connect(
-            dbname="postgres",
-            user=params.get("USER") or None,
-            password=params.get("PASSWORD") or None,
-            host=params.get("HOST") or None,
-            port=params.get("PORT") or None,
-            autocommit=True,
-        )
+        self.dbname, self.pg = stats_connection()
 
     def xacts(self) -> tuple[int, int]:
         """(transactions, sessions opened) so far."""

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from devtools.servers import uvicorn_command
 from tests.conftest import REPO, worker_env
 from tests.support.fleet import free_port
 
@@ -50,21 +50,7 @@ class ApiServer:
         self.starts += 1
         log = open(self.tmp_path / f"api-{self.starts}.log", "wb")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "koala.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--no-access-log",
-                "--lifespan",
-                "off",
-                "--timeout-graceful-shutdown",
-                "2",
-            ],
+            uvicorn_command(host="127.0.0.1", port=self.port, access_log=False, graceful_seconds=2),
             cwd=REPO,
             env=self.env,
             stdout=log,

@@ -41,6 +41,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from devtools import logins
 from devtools.demo import sandbox_state_file
+from devtools.servers import uvicorn_command
 from koala import cli
 
 MIN_GRACE_SECONDS = 35.0
@@ -195,23 +196,7 @@ class Command(BaseCommand):
         children = [
             # The ASGI server production runs (koala/asgi.py): the admin and console, and the worker
             # API whose acquire long-polls (docs/worker-api.md). Static files come from WhiteNoise.
-            Child(
-                "web",
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "koala.asgi:application",
-                    "--app-dir",
-                    str(settings.BASE_DIR),
-                    "--host",
-                    options["host"],
-                    "--port",
-                    str(options["port"]),
-                    "--timeout-graceful-shutdown",
-                    "5",
-                ],
-            ),
+            Child("web", uvicorn_command(host=options["host"], port=options["port"])),
             Child("worker", [*manage, "koala_worker"]),
             Child("beat", [*manage, "koala_beat"]),
         ]
