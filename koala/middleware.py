@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,6 +50,14 @@ class RejectNulBytesMiddleware:
             "Remove it and send the request again.\n",
             content_type="text/plain; charset=utf-8",
         )
+
+
+# WhiteNoise answers with a file iterator; under ASGI Django consumes it on a thread and warns once
+# per file that it is synchronous. That is the intended trade here (static files are small and
+# served from the same process only in simple deployments); the warning would fill the log.
+warnings.filterwarnings(
+    "ignore", message="StreamingHttpResponse must consume synchronous iterators", module="django.core.handlers.asgi"
+)
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):
