@@ -90,7 +90,6 @@ class Hub:
         self._seen: set[str] = set()
         self._last_presence = time.monotonic()
         self._pass: tuple[float, ClaimPass] | None = None
-        self.rounds = 0
         self.rings = 0
 
     # -- the executor: every database call of the API goes through it ----------------------------
@@ -183,7 +182,6 @@ class Hub:
                 return
         if not waiting:
             return
-        self.rounds += 1
         results, empty = await self.run(self._claim_round, waiting)
         if self.rings == rings:
             self._empty.update(empty)

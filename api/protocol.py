@@ -43,7 +43,7 @@ from workers.errors import (
     UnknownName,
 )
 from workers.ledger import ABSENT, Miss, OperationResult, Processing, run_operation, settle_call
-from workers.models import Attempt, Operation, OperationState, Outcome, Scope, Span, WorkerExit, WorkerProcess
+from workers.models import Attempt, Operation, OperationState, Outcome, Scope, Span, WorkerExit, WorkerProcess, operation_key_base
 from workers.reporting import transition
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import ClaimBlocked
@@ -281,8 +281,6 @@ def lease_payload(lease: Lease, *, worker_id: str) -> dict[str, Any]:
 
 
 def _key_base(lease: Lease) -> str:
-    from workers.models import operation_key_base
-
     return operation_key_base(job_id=lease.job_id, idempotency_key=lease.idempotency_key, carried=lease.operation_key_base)
 
 

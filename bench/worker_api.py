@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.setup import guard, setup_django  # noqa: E402 - after the path set-up above
-from devtools.servers import uvicorn_command  # noqa: E402
+from devtools.servers import uvicorn_command, wait_listening  # noqa: E402
 
 KEY = "koala:bench:koala"  # the incr kind's counter (bench.throughput.koala_verify checks it)
 ECHO: dict[str, Any] = {"name": "http.echo", "version": 1}
@@ -91,16 +91,9 @@ class Server:
             stdout=open(self.log_path, "wb"),
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    sys.exit(f"uvicorn did not start; see {self.log_path}")
-                time.sleep(0.05)
+        if not wait_listening(self.proc, self.port, timeout=60):
+            self.stop()
+            sys.exit(f"uvicorn did not start; see {self.log_path}")
 
     def cpu_seconds(self) -> float:
         import psutil

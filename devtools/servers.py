@@ -3,7 +3,10 @@ live API server (tests/support/api_server.py) and the worker API benchmark all u
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,3 +39,17 @@ def uvicorn_command(
     if not access_log:
         command.append("--no-access-log")
     return [*command, *extra]
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int, *, timeout: float) -> bool:
+    """Wait until ``proc`` accepts connections on 127.0.0.1:``port``; False if it exited or the
+    time ran out first (the caller says what went wrong, with its log)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)

@@ -161,8 +161,9 @@ CLAIM_JOB = _CLAIM.format(
 )
 
 # Claim the next due job of %(queue)s among the served pairs, skipping the kinds in %(skip)s.
+_NEXT_IN_QUEUE = "queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)"
 CLAIM_NEXT = _CLAIM.format(
-    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
+    where=_NEXT_IN_QUEUE,
     queued="state = 'queued'",
     not_paused=_JOB_NOT_PAUSED,
     columns=LEASE_COLUMNS,
@@ -174,7 +175,7 @@ CLAIM_NEXT = _CLAIM.format(
 # picks them: for a worker asking for several leases (the HTTP protocol's acquire), when no
 # budget gates claims (a gated claim admits each job in its own transaction: leases._claim).
 CLAIM_NEXT_MANY = _CLAIM.format(
-    where="queue = %(queue)s AND (kind || '@' || version) = ANY(%(served)s) AND kind <> ALL(%(skip)s)",
+    where=_NEXT_IN_QUEUE,
     queued="state = 'queued'",
     not_paused=_JOB_NOT_PAUSED,
     columns=LEASE_COLUMNS,

@@ -11,16 +11,14 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devtools.servers import uvicorn_command
+from devtools.servers import uvicorn_command, wait_listening
 from tests.conftest import REPO, worker_env
 from tests.support.fleet import free_port
 
@@ -56,15 +54,8 @@ class ApiServer:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"uvicorn did not start on {self.port}:\n{self.log()}") from None
-                time.sleep(0.05)
+        if not wait_listening(self.proc, self.port, timeout=30):
+            raise AssertionError(f"uvicorn did not start on {self.port}:\n{self.log()}")
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.tmp_path.glob("api-*.log")))
