@@ -10,7 +10,7 @@ DATABASE_URL with INSERT … SELECT generate_series, VACUUM ANALYZEs, then times
 p95 over many repetitions:
 
 - the engine's statements through Koala's own services: claim (``leases.claim_next``),
-  complete (``leases.complete``), dispatch (``maintenance.dispatch``), reaper
+  complete (``transitions.end_attempt``), dispatch (``maintenance.dispatch``), reaper
   (``maintenance.reap``), unpark (``budgets.unpark_ready``);
 - the console's pages through Django's test Client as a logged-in superuser: the dashboard,
   the job list under several filters, and search by id, trace id, correlation id and
@@ -416,7 +416,7 @@ def main() -> None:
     from redis import Redis
 
     from console.selectors.jobs import COUNT_CAP
-    from workers import sql
+    from workers import outcomes, sql, transitions
     from workers.models import Job
     from workers.services import budgets, leases, maintenance
 
@@ -446,7 +446,7 @@ def main() -> None:
         lease = leases.claim_next(queue=queue, served=served, worker="bench-claimer", lease_seconds=60, gated=False)
         claimed = time.perf_counter()
         assert lease is not None, f"nothing to claim in {queue}"
-        rejection = leases.complete(job_id=lease.job_id, lease_token=lease.lease_token, result={"ok": True})
+        rejection = transitions.end_attempt(outcomes.Complete(result={"ok": True}, state_delta={}), lease)
         done = time.perf_counter()
         assert rejection is None, rejection
         if rep >= 3:
@@ -454,7 +454,7 @@ def main() -> None:
             complete_samples.append(done - claimed)
     if not args.only_dashboard:
         rows.append(("engine", "claim (leases.claim_next)", percentiles(claim_samples), None))
-        rows.append(("engine", "complete (leases.complete)", percentiles(complete_samples), None))
+        rows.append(("engine", "complete (transitions.end_attempt)", percentiles(complete_samples), None))
 
     def dispatch_statement(sql: str) -> Callable[[], None]:
         def run() -> None:

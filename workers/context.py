@@ -69,7 +69,8 @@ class JobContext:
         self.shutting_down = runtime.shutdown_requested
         self.rejection: Rejection | None = None
         self.state_delta: dict[str, Any] = {}
-        self.usage: dict[str, float] = {}
+        self.usage: dict[str, float] = {}  # the body's own (add_usage): reported when the attempt ends
+        self.counted: dict[str, float] = {}  # what its operations cost: already on the job (workers.ledger)
         self.waits = {"db": 0.0, "storage": 0.0}
         self._pending_progress: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -146,8 +147,16 @@ class JobContext:
         self.state_delta.update(delta)
 
     def add_usage(self, **amounts: float) -> None:
+        """Count usage of the body's own (calls it made outside ``operation``): added to the
+        attempt's and the job's usage when the attempt ends. What operations cost is counted by
+        the ledger when they settle; adding it here too would count it twice."""
         for key, amount in amounts.items():
             self.usage[key] = self.usage.get(key, 0) + amount
+
+    def count(self, amounts: dict[str, float]) -> None:
+        """The ledger's note of what an operation added to the job (for the caller to show)."""
+        for key, amount in amounts.items():
+            self.counted[key] = self.counted.get(key, 0) + amount
 
     @contextmanager
     def waiting(self, what: str) -> Iterator[None]:

@@ -9,7 +9,11 @@ registry, which each app fills in its ``AppConfig.ready``:
 - **on-cancel callbacks**: run inside the cancel's transaction, after the job row is locked
   (e.g. withdrawing a cancelled job's open reviews), so the lock order stays job → others;
 - **the review gate**: what the ledger asks before a critical operation (digest of the exact
-  action, is there a usable approval, ask for one).
+  action, is there a usable approval, ask for one);
+- **on-transition callbacks**: told, inside the transaction that records it, of every change of a
+  job's state the engine makes (an attempt's end through ``workers.transitions``, the reaper's
+  requeues and failures, a cancel, a review's rejection, an unpark): what hangs on a job reaching a
+  state (a workflow's dependants becoming due, a metric's counter) commits with it or not at all.
 
 Registration is idempotent by name, so a second ``ready()`` (tests, autoreload) replaces
 rather than duplicates. The registry holds callables only; it never imports an app.
@@ -17,7 +21,7 @@ rather than duplicates. The registry holds callables only; it never imports an a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,8 +61,32 @@ class NoReviewGate(RuntimeError):
     """A critical operation was reached but no app provides a review gate: refuse, never run it."""
 
 
+@dataclass(frozen=True)
+class Transition:
+    """A job reached ``state``: what an on-transition callback is told.
+
+    ``outcome`` is the outcome its attempt recorded when an attempt ended (``succeeded``, ``retry``,
+    ``failed``, ``parked``, ``interrupted``, ``unservable``, ``orphaned``, ``cancelled``), None when
+    no attempt was running (a queued or parked job cancelled, failed or unparked by a person or
+    the beat). ``cause`` says who moved it: ``attempt``, ``reaper``, ``operator``, ``review``,
+    ``budget``, ``deadline``.
+    """
+
+    job_id: int
+    kind: str
+    version: int
+    queue: str
+    state: str
+    outcome: str | None
+    failure_reason: str | None
+    cause: str
+
+
+OnTransition = Callable[[Sequence[Transition]], None]
+
 _beat_tasks: dict[str, BeatTask] = {}
 _on_cancel: dict[str, Callable[..., Any]] = {}
+_on_transition: dict[str, OnTransition] = {}
 _review_gate: ReviewGate | None = None
 
 
@@ -78,6 +106,29 @@ def register_on_cancel(name: str, callback: Callable[..., Any]) -> None:
 def run_on_cancel(*, job_id: int, actor: str) -> None:
     for callback in _on_cancel.values():
         callback(job_id=job_id, actor=actor)
+
+
+def register_on_transition(name: str, callback: OnTransition) -> None:
+    """``callback(transitions)``, called inside the transaction that changes the jobs' states,
+    after the change (its own queries see the new rows). It may write in that transaction; if it
+    raises, the transition is rolled back with it (the caller sees the error)."""
+    _on_transition[name] = callback
+
+
+def unregister_on_transition(name: str) -> None:
+    _on_transition.pop(name, None)
+
+
+def wants_transitions() -> bool:
+    """Whether any app listens (the writer opens a transaction for the hook only then)."""
+    return bool(_on_transition)
+
+
+def run_on_transition(transitions: Sequence[Transition]) -> None:
+    if not transitions:
+        return
+    for callback in list(_on_transition.values()):
+        callback(transitions)
 
 
 def register_review_gate(gate: ReviewGate) -> None:

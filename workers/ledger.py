@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from koala import redaction
-from workers import hooks, sql
+from workers import hooks, sql, transitions
 from workers.errors import (
     Declined,
     NotPerformed,
@@ -484,6 +484,14 @@ class _Ledger:
                 },
                 own=own,
             )
+            # What the call cost is on the job (and on this attempt's row) from this commit on,
+            # whichever kind of worker made it and whether or not the attempt ever reports.
+            counted = {**transitions.countable(outcome.usage), "cost_minor": cost}
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    sql.ADD_OPERATION_USAGE,
+                    {"usage": json.dumps(counted), "job_id": self.ctx.job_id, "lease_token": self.ctx.lease.lease_token},
+                )
             overshot = budgets.settle(reservations=op.reservations, actual_minor=cost)
             if overshot:
                 # In this transaction: the spend, the record and the pause commit together, so a
@@ -493,10 +501,7 @@ class _Ledger:
                 )
         if overshoot:
             log.warning("operation %s: billed %s, %s above its reservation of %s", op.pk, cost, overshoot, op.estimate_minor)
-        if outcome.usage:
-            numeric = {k: v for k, v in outcome.usage.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-            self.ctx.add_usage(**numeric)
-        self.ctx.add_usage(cost_minor=cost)
+        self.ctx.count(counted)
         # The body gets what a re-run would get: the stored (redacted) result.
         return dict(result)
 

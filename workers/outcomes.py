@@ -1,18 +1,20 @@
 """How an attempt ends, and what the engine records for it: endings in, one decision out.
 
-The runtime turns whatever the body did into an **ending** (it returned, parked, was cut
-off, found itself stale, raised), then asks ``decide(ending, lease, kind)`` for the
-**decision**: exactly one lease transition and its fields, or nothing at all. ``decide`` is
-pure (no database, no clock; the backoff's randomness comes in as ``rng``), so the whole
-table of endings, delivery modes and attempts left is tested without a database
-(tests/unit/test_decide.py). ``WorkerRuntime._report`` is the only writer: it maps a
-decision to the one fenced lease service call (workers.services.leases).
+The runtime (an RQ worker's ``WorkerRuntime``, or the HTTP protocol for a worker elsewhere) turns
+whatever the body did into an **ending** (it returned, parked, was cut off, found itself stale,
+raised, or the worker reported how it failed), then asks ``decide(ending, lease, kind)`` for the
+**decision**: exactly one lease transition and its fields, or nothing at all. ``decide`` is pure
+(no database, no clock; the backoff's randomness comes in as ``rng``), so the whole table of
+endings, delivery modes and attempts left is tested without a database
+(tests/unit/test_decide.py). ``workers.transitions.end_attempt`` is the one writer: it records a
+decision with one fenced statement, for both kinds of worker.
 
     ending                                   decision
     Returned(value, state_delta)             Complete
     Parked(reason, …)                        Park                  (no attempt used)
     Reconciling(detail, delay)               Release interrupted   (no attempt used)
-    StoppedForPause()                        Release interrupted   (a safe point: any delivery)
+    GivenBack(why)                           Release interrupted   (never started, or stopped at a
+                                                                    checkpoint: any delivery)
     Interrupted(shutdown | paused)           Release interrupted   (at_least_once)
                                              Fail orphaned         (at_most_once: never twice)
     Interrupted(deadline)                    Fail deadline_exceeded
@@ -20,12 +22,18 @@ decision to the one fenced lease service call (workers.services.leases).
     Raised(Retryable | connection lost)      RetryLater / Fail attempts_exhausted
     Raised(TerminalFailure)                  Fail terminal
     Raised(anything else)                    Fail fatal
-    Unservable(worker, earlier)              Release unservable    (backoff 0.5 s doubling, ≤ 30 s)
     Reported(retryable)                      RetryLater / Fail attempts_exhausted   (an HTTP worker's fail call)
     Reported(terminal)                       Fail terminal
     Reported(fatal)                          Fail fatal
+    Unservable(worker, earlier)              Release unservable    (backoff 0.5 s doubling, ≤ 30 s)
     Stale / Interrupted(stale) / any ending
       but Returned after a rejection         Discard               (nothing this attempt says counts)
+
+One retry rule serves every failure (``_retry_or_fail``): a retryable failure retries while the
+job has attempts left, after its own retry-after or the kind's backoff, and ends
+``attempts_exhausted`` after; anything else fails with its reason at once. One naming rule serves
+every error (``error_class_of``): an RQ body's ``TerminalFailure(code=…)`` and the same failure
+reported by an HTTP worker are stored under the same name.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
 
@@ -42,7 +50,9 @@ from koala.redaction import Redactor
 from workers.errors import AttemptTimeout, Rejection, Retryable, TerminalFailure
 from workers.kinds import JobKind
 from workers.models import Delivery, FailureReason, Outcome
-from workers.services.leases import Lease
+
+if TYPE_CHECKING:
+    from workers.services.leases import Lease
 
 UNSERVABLE_MAX_DELAY = 30.0  # seconds; a job nobody here serves is retried at most this rarely
 
@@ -112,8 +122,12 @@ class Reconciling:
 
 
 @dataclass(frozen=True)
-class StoppedForPause:
-    """The body stopped at a checkpoint because a stop pause covers the job (errors.Paused)."""
+class GivenBack:
+    """Nothing of the body is half-done: it never started (a lease claimed for an acquire that had
+    ended, an HTTP worker releasing a lease it had not begun), or it stopped at a checkpoint (a stop
+    pause: errors.Paused; a worker shutting down at a safe point). ``why`` is what the attempt row says."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -162,14 +176,14 @@ class Reported:
     retry_after: float | None = None
 
 
-Ending = Returned | Parked | Reconciling | StoppedForPause | Interrupted | Stale | Raised | Unservable | Reported
+Ending = Returned | Parked | Reconciling | GivenBack | Interrupted | Stale | Raised | Unservable | Reported
 
 # -- decisions: the one lease transition to record -------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Complete:
-    """leases.complete: succeeded, with the result and the run-state delta."""
+    """Succeeded, with the result and the run-state delta."""
 
     result: Any
     state_delta: dict[str, Any]
@@ -177,7 +191,7 @@ class Complete:
 
 @dataclass(frozen=True)
 class RetryLater:
-    """leases.retry_later: back to the queue after ``delay_seconds``; the attempt is used."""
+    """Back to the queue after ``delay_seconds``; the attempt is used."""
 
     delay_seconds: float
     error_class: str
@@ -186,7 +200,7 @@ class RetryLater:
 
 @dataclass(frozen=True)
 class Fail:
-    """leases.fail: the job ends failed with ``reason``."""
+    """The job ends failed with ``reason``."""
 
     reason: FailureReason
     error_class: str
@@ -195,7 +209,7 @@ class Fail:
 
 @dataclass(frozen=True)
 class Park:
-    """leases.park: set aside for a person or a budget; the attempt is given back."""
+    """Set aside for a person or a budget; the attempt is given back."""
 
     reason: str
     detail: str
@@ -204,7 +218,7 @@ class Park:
 
 @dataclass(frozen=True)
 class Release:
-    """leases.release: back to the queue without using an attempt (due after ``delay_seconds``)."""
+    """Back to the queue without using an attempt (due after ``delay_seconds``)."""
 
     outcome: Outcome  # INTERRUPTED or UNSERVABLE: what the attempt row says
     message: str
@@ -234,7 +248,8 @@ def decide(
 ) -> Decision:
     """The lease transition that records ``ending`` of attempt ``lease``.
 
-    ``kind`` is the registered kind that ran (None only for Unservable). ``rejected`` is the
+    ``kind`` is the registered kind that ran (None only for Unservable and GivenBack: no body ran,
+    or none that left anything to mask). ``rejected`` is the
     rejection the engine already answered this attempt (a heartbeat's), if any: then only a
     body that returned still reports (its fenced write gets the rejection back by name), and
     anything else is discarded. ``rng`` feeds the backoff's jitter (kinds.JobKind.backoff_seconds).
@@ -246,10 +261,13 @@ def decide(
             message=f"worker {ending.worker} does not serve {lease.kind}@{lease.version}",
             delay_seconds=delay,
         )
-    if kind is None:
-        raise ValueError(f"deciding a {type(ending).__name__} ending needs the kind that ran")
     if rejected is not None and not isinstance(ending, Returned):
         return Discard(rejection=rejected)
+    if isinstance(ending, GivenBack):
+        # A safe point: nothing is half-done, so even at_most_once is given back.
+        return Release(outcome=Outcome.INTERRUPTED, message=ending.why)
+    if kind is None:
+        raise ValueError(f"deciding a {type(ending).__name__} ending needs the kind that ran")
     # The job's own context (its declared values and their fragments), joined to whatever is
     # bound: the runtime's attempt context already holds it (merged() then returns that one,
     # indexed once), and a caller outside an attempt still gets the job's values masked.
@@ -266,9 +284,6 @@ def decide(
             return Release(outcome=Outcome.INTERRUPTED, message=redactor.text(detail), delay_seconds=delay)
         case Parked(reason=reason, detail=detail, parked_on=parked_on):
             return Park(reason=reason, detail=detail, parked_on=dict(parked_on))
-        case StoppedForPause():
-            # A checkpoint is a safe point: nothing is half-done, so even at_most_once is given back.
-            return Release(outcome=Outcome.INTERRUPTED, message="released by a stop pause")
         case Interrupted(why=Cut.SHUTDOWN | Cut.PAUSED):
             # Cut off mid-body (a stop pause that outlived its grace is exactly a shutdown).
             if lease.delivery == Delivery.AT_MOST_ONCE:
@@ -302,14 +317,16 @@ def decide(
         case Raised(error=error):
             return _failure(error, FailureReason.FATAL, lease, kind, redactor, rng)
         case Reported(classification=classification, error_class=error_class, message=message, retry_after=retry_after):
-            text = redactor.text(message)
-            if classification is Classification.RETRYABLE:
-                if lease.attempts < lease.max_attempts:
-                    delay = retry_after if retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
-                    return RetryLater(delay_seconds=delay, error_class=error_class, message=text)
-                return Fail(reason=FailureReason.ATTEMPTS_EXHAUSTED, error_class=error_class, message=text)
-            reason = FailureReason.TERMINAL if classification is Classification.TERMINAL else FailureReason.FATAL
-            return Fail(reason=reason, error_class=error_class, message=text)
+            return _retry_or_fail(
+                retryable=classification is Classification.RETRYABLE,
+                retry_after=retry_after,
+                reason=FailureReason.TERMINAL if classification is Classification.TERMINAL else FailureReason.FATAL,
+                error_class=error_class,
+                message=redactor.text(message),
+                lease=lease,
+                kind=kind,
+                rng=rng,
+            )
     raise TypeError(f"not an ending: {ending!r}")
 
 
@@ -329,12 +346,36 @@ def _failure(
     redactor: Redactor,
     rng: random.Random | None,
 ) -> RetryLater | Fail:
-    """A Retryable error retries while attempts remain (then attempts_exhausted); anything else fails with ``reason``."""
-    error_class = error_class_of(error)
-    message = redactor.text(str(error))
-    if isinstance(error, Retryable):
+    """What a raised error records: its name and redacted message, under the one retry rule."""
+    return _retry_or_fail(
+        retryable=isinstance(error, Retryable),
+        retry_after=error.retry_after if isinstance(error, Retryable) else None,
+        reason=reason,
+        error_class=error_class_of(error),
+        message=redactor.text(str(error)),
+        lease=lease,
+        kind=kind,
+        rng=rng,
+    )
+
+
+def _retry_or_fail(
+    *,
+    retryable: bool,
+    retry_after: float | None,
+    reason: FailureReason,
+    error_class: str,
+    message: str,
+    lease: Lease,
+    kind: JobKind,
+    rng: random.Random | None,
+) -> RetryLater | Fail:
+    """The one retry rule: a retryable failure retries while attempts remain (after its own
+    retry-after, else the kind's backoff), then fails attempts_exhausted; anything else fails with
+    ``reason`` at once."""
+    if retryable:
         if lease.attempts < lease.max_attempts:
-            delay = error.retry_after if error.retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
+            delay = retry_after if retry_after is not None else kind.backoff_seconds(lease.attempts, rng=rng)
             return RetryLater(delay_seconds=delay, error_class=error_class, message=message)
         reason = FailureReason.ATTEMPTS_EXHAUSTED
     return Fail(reason=reason, error_class=error_class, message=message)

@@ -7,8 +7,10 @@ RQ's own Retry is never used: retries are database state (scheduled_at).
 
 Each attempt ends in three steps (docs/engine.md, "How an attempt ends"): ``_run_body`` says
 how the body ended (an ``outcomes`` ending), ``outcomes.decide`` picks the one lease
-transition that records it, and ``_report`` — the only writer — performs it. The body API
-(``ctx``) is workers.context.
+transition that records it, and ``_report`` has the one transition writer
+(``workers.transitions.end_attempt``, which the HTTP protocol uses too) record it, retrying
+through a dropped connection and logging the line a person reads. The body API (``ctx``) is
+workers.context.
 """
 
 from __future__ import annotations
@@ -27,14 +29,12 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from koala import redaction
-from workers import doorbell, kinds, outcomes
+from workers import doorbell, kinds, outcomes, transitions
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
-from workers.models import Attempt, Outcome, Scope
-from workers.reporting import transition
-from workers.services import budgets, leases, pauses
-from workers.services.budgets import ClaimBlocked
-from workers.services.leases import Lease, Report
+from workers.services import leases, pauses
+from workers.services.leases import ClaimPass, Lease
+from workers.transitions import Report
 
 log = logging.getLogger("koala.worker")
 
@@ -184,10 +184,8 @@ class WorkerRuntime:
         """Run one claimed attempt to its end, then record that end: ending → decide → _report."""
         kind = kinds.get(lease.kind, lease.version)
         if kind is None or kind.remote:
-            # Back off while no worker serving it shows up (an old worker alone during a deploy),
-            # so the attempt log grows by a few rows per minute, not one per second.
-            earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
-            self._report(lease, outcomes.decide(outcomes.Unservable(worker=self.name, earlier=earlier), lease, None))
+            # Back off while no worker serving it shows up (an old worker alone during a deploy).
+            self._report(lease, transitions.unservable(lease, worker=self.name))
             return
         ctx = JobContext(lease, kind, self)
         # One redaction context for the whole attempt: the body's log records and Sentry events,
@@ -209,11 +207,6 @@ class WorkerRuntime:
         if isinstance(ending, outcomes.Raised) and ending.classification is outcomes.Classification.CONNECTION_LOST:
             connection.close()  # the session is broken: the report (or the next job) opens a new one
         self._report(lease, outcomes.decide(ending, lease, kind, rejected=ctx.rejection), report, elapsed=elapsed)
-        if lease.budget_usage_ids:
-            try:
-                budgets.add_run_seconds(usage_ids=lease.budget_usage_ids, seconds=elapsed)
-            except (OperationalError, InterfaceError):
-                connection.close()  # run time is advisory accounting; losing one sample is acceptable
 
     def _run_body(self, ctx: JobContext, kind: kinds.JobKind) -> outcomes.Ending:
         """Call the body under the alarms and say how it ended. Nothing here writes."""
@@ -233,7 +226,7 @@ class WorkerRuntime:
         except Interrupted as exc:
             return outcomes.Interrupted(why=outcomes.Cut.named(exc.why))
         except Paused:
-            return outcomes.StoppedForPause()
+            return outcomes.GivenBack(why="released by a stop pause")
         except ReconcileLater as exc:
             return outcomes.Reconciling(detail=exc.detail, delay_seconds=exc.delay_seconds)
         except Park as exc:
@@ -248,9 +241,8 @@ class WorkerRuntime:
     def _report(
         self, lease: Lease, decision: outcomes.Decision, report: Report | None = None, *, elapsed: float = 0.0
     ) -> Rejection | None:
-        """The only writer of an attempt's end: the one fenced lease service call ``decision``
-        names, retried through a dropped connection, each rejection handled by name."""
-        report = report or Report()
+        """Record an attempt's end through the one transition writer, retried through a dropped
+        connection, each rejection handled by name."""
         attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
         match decision:
             case outcomes.Discard(rejection=stale):
@@ -260,14 +252,13 @@ class WorkerRuntime:
                 log.info("%s parked (%s): %s", attempt, reason, detail)
             case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
                 log.info("%s released (%s), due again in %.1f s: %s", attempt, outcome, delay, message)
-        planned = transition(decision, lease, report)
-        if planned is None:
+        reporting = transitions.outcome_of(decision)
+        if reporting is None:
             return None
-        reporting, service = planned
         rejection: Rejection | None = None
         for retry in range(4):
             try:
-                rejection = service()
+                rejection = transitions.end_attempt(decision, lease, report)
                 break
             except (OperationalError, InterfaceError) as exc:
                 # The commit may or may not have happened; the repeat answers already_recorded if it did.
@@ -308,13 +299,11 @@ class WorkerRuntime:
         stop_at = time.monotonic() + float(settings.KOALA_DRAIN_SECONDS)
         ran = 0
         # Read once per pass (at most KOALA_DRAIN_BATCH jobs or KOALA_DRAIN_SECONDS): whether any
-        # budget gates claims, so the common case claims in one statement; a budget created
-        # meanwhile applies from the next pass. Spend and requests are reserved per call and
-        # never depend on this.
-        gated = budgets.claims_are_gated()
+        # budget gates claims (the common case then claims in one statement), the live pauses.
+        state = ClaimPass.read()
         if first_job_id is not None and not self.shutdown_requested.is_set():
             lease = leases.claim_job(
-                job_id=first_job_id, worker=self.name, lease_seconds=self.lease_seconds, served=served, gated=gated
+                job_id=first_job_id, worker=self.name, lease_seconds=self.lease_seconds, served=served, gated=state.gated
             )
             if lease is not None:
                 self.run(lease)
@@ -329,43 +318,14 @@ class WorkerRuntime:
                 if missed is not None and missed.capable and hops < missed.incapable:
                     doorbell.pass_on(missed.queue, first_job_id, missed.version, hops=hops + 1)
         exhausted = False
-        # The claim statement is the authority on pauses; knowing them up front only spares it
-        # from walking past a paused kind's backlog on every claim (11 -> 5 ms per claim with
-        # 20,000 paused jobs at the head of the queue).
-        live = pauses.active_pauses()
-        paused_kinds = [p.target for p in live if p.scope == Scope.KIND]
-        skip: dict[str, list[str]] = {q: list(paused_kinds) for q in queues}  # paused kinds, full concurrency scopes
-        # Queues not to claim from in this pass: paused (globally or by queue), or a full concurrency scope.
-        blocked: set[str] = {
-            q for q in queues if any(p.scope == Scope.GLOBAL or p.target == q for p in live if p.scope != Scope.KIND)
-        }
         while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
-            lease = None
-            for queue in queues:
-                while queue not in blocked:
-                    try:
-                        lease = leases.claim_next(
-                            queue=queue,
-                            served=served,
-                            worker=self.name,
-                            lease_seconds=self.lease_seconds,
-                            skip_kinds=skip[queue],
-                            gated=gated,
-                        )
-                    except ClaimBlocked as full:
-                        # Leave that job queued; whoever frees a slot (or the beat) rings again.
-                        if full.scope == Scope.KIND:
-                            skip[queue].append(full.target)
-                        else:
-                            blocked.add(queue)
-                        continue
-                    break
-                if lease is not None:
-                    break
-            if lease is None:
+            got = leases.claim_from(
+                queues=queues, served=served, worker=self.name, lease_seconds=self.lease_seconds, count=1, state=state
+            )
+            if not got:
                 exhausted = True
                 break
-            self.run(lease)
+            self.run(got[0])
             ran += 1
         if not exhausted and not self.shutdown_requested.is_set():
             # We stopped at the batch bound with work possibly left: ring so it continues.

@@ -60,6 +60,10 @@ REJECTION_FOR = (
     "LEFT JOIN workers_attempt a ON a.job_id = j.id AND a.lease_token = %s WHERE j.id = %s"
 )
 
+# What a transition of a job returns, in hooks.Transition's order (transitions._transition): the
+# hook is told of it and the doorbell rung for it.
+_TRANSITION = "RETURNING id, kind, version, queue, state, failure_reason"
+
 # -- pauses ------------------------------------------------------------------------------------------
 
 # A live pause p (not lifted, not expired) covering a job whose queue and kind are {queue} and
@@ -198,11 +202,14 @@ WHERE j.id = %s AND j.state = 'queued' AND j.scheduled_at <= now()
 GROUP BY j.id
 """
 
-# Park a queued job that never started (a budget refused it at claim time).
+# Park a queued job that never started (a budget refused it at claim time); returns it (_TRANSITION).
 PARK_QUEUED = (
-    "UPDATE workers_job SET state = 'parked', park_reason = %s, park_detail = %s, parked_on = %s::jsonb, "
-    "parked_at = now(), updated_at = now() WHERE id = %s AND state IS NOT DISTINCT FROM 'queued'"
+    "UPDATE workers_job SET state = 'parked', park_reason = %s, park_detail = %s, parked_on = %s::jsonb, "  # noqa: S608 (composed from constant fragments; values are bound)
+    "parked_at = now(), updated_at = now() WHERE id = %s AND state IS NOT DISTINCT FROM 'queued' " + _TRANSITION
 )
+
+# The job %s's earlier unservable attempts (the backoff of the next one grows with them).
+COUNT_UNSERVABLE = "SELECT count(*) FROM workers_attempt WHERE job_id = %s AND outcome = 'unservable'"
 
 # Extend attempt (job_id, lease_token)'s lease and store its progress checkpoint, fenced.
 HEARTBEAT = f"""
@@ -218,58 +225,88 @@ WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
 RETURNING id
 """  # noqa: S608 (composed from constant fragments; values are bound)
 
+# Add the numeric usage in %(usage)s (a JSON object: tokens, cost_minor, …) to the usage column of
+# the row being updated, key by key: ``usage = usage || (…)``. The subquery's ``usage`` is the
+# updated row's column (its own FROM has only u(k, v)).
+_ADD_USAGE = (
+    "usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{}') "
+    "FROM jsonb_each_text(%(usage)s::jsonb) AS u(k, v))"
+)
+
+# The job's tenant as Lease.tenant reads it: the input's "tenant" when it is a string, else ''.
+_JOB_TENANT = "CASE WHEN jsonb_typeof(input->'tenant') = 'string' THEN input->>'tenant' ELSE '' END"
+
 # An attempt's end: one fenced statement moves the job ({job_set}, then the lease is cleared and
-# the usage summed in) and finishes the attempt's row with its outcome, error and timings. The
+# the reported usage added), finishes the attempt's row with its outcome, error, timings and usage,
+# and adds the attempt's run time (the database's clock, from its claim to now) to the budgets that
+# count run time or attempts for the job's kind, queue and tenant, on the usage row of the period
+# its claim counted the attempt in (the claim's day in each budget's zone). Whichever kind of worker
+# ran the attempt, its run time is counted the same way, inside the same commit as its end. The
+# usage rows are locked in id order first (``locked``), the order every statement that locks
+# several of them keeps (budgets.reserve, settle, admit_claim), so two endings and a reservation
+# cannot deadlock. Returns what the transition hook is told (workers.hooks.Transition). The
 # placeholders are filled below, once, with LIVE_LEASE and one constant SET list per transition.
 _FINISH = """
 WITH j AS (
     UPDATE workers_job
-    SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
-        usage = usage || (SELECT COALESCE(jsonb_object_agg(k, COALESCE((usage->>k)::numeric, 0) + v::numeric), '{{}}')
-                          FROM jsonb_each_text(%(usage)s::jsonb) AS u(k, v))
+    SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(), usage = {add_usage}
     WHERE {fence}
-    RETURNING id
+    RETURNING id, kind, version, queue, state, failure_reason, {tenant} AS tenant
+), a AS (
+    UPDATE workers_attempt
+    SET outcome = %(outcome)s, finished_at = now(), error_class = %(error_class)s, error_message = %(error_message)s,
+        compute_seconds = %(compute_seconds)s, db_wait_seconds = %(db_wait_seconds)s,
+        storage_wait_seconds = %(storage_wait_seconds)s, usage = {add_usage}
+    WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
+    RETURNING id, job_id, started_at
+), locked AS (
+    SELECT u.id, EXTRACT(EPOCH FROM now() - a.started_at) AS seconds
+    FROM a JOIN j ON j.id = a.job_id, workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id
+    WHERE (b.run_seconds_limit IS NOT NULL OR b.attempt_limit IS NOT NULL)
+      AND (b.scope = 'global' OR (b.scope = 'queue' AND b.target = j.queue) OR (b.scope = 'kind' AND b.target = j.kind))
+      AND (b.tenant = '' OR b.tenant = j.tenant)
+      AND u.period = (a.started_at AT TIME ZONE b.timezone)::date
+    ORDER BY u.id
+    FOR UPDATE OF u
+), run AS (
+    UPDATE workers_budgetusage u SET run_seconds = u.run_seconds + l.seconds, updated_at = now()
+    FROM locked l WHERE u.id = l.id
 )
-UPDATE workers_attempt
-SET outcome = %(outcome)s, finished_at = now(), error_class = %(error_class)s, error_message = %(error_message)s,
-    compute_seconds = %(compute_seconds)s, db_wait_seconds = %(db_wait_seconds)s,
-    storage_wait_seconds = %(storage_wait_seconds)s, usage = %(usage)s::jsonb
-WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
-RETURNING id
+SELECT j.id, j.kind, j.version, j.queue, j.state, j.failure_reason FROM j JOIN a ON a.job_id = j.id
 """
 
+
+def _finish(job_set: str) -> str:
+    """One transition's end-of-attempt statement: _FINISH with its SET list (a constant below)."""
+    return _FINISH.format(job_set=job_set, fence=LIVE_LEASE, add_usage=_ADD_USAGE, tenant=_JOB_TENANT)
+
+
 # Succeeded: store the result, merge the state delta into run_state by top-level key.
-COMPLETE = _FINISH.format(
-    fence=LIVE_LEASE,
-    job_set="state = 'succeeded', result = %(result)s::jsonb, run_state = run_state || %(state_delta)s::jsonb, "
-    "finished_at = now()",
+COMPLETE = _finish(
+    "state = 'succeeded', result = %(result)s::jsonb, run_state = run_state || %(state_delta)s::jsonb, finished_at = now()",
 )
 
 # A retryable failure within the attempt budget: queued again after %(delay_seconds)s.
-RETRY_LATER = _FINISH.format(
-    fence=LIVE_LEASE,
-    job_set="state = 'queued', scheduled_at = now() + make_interval(secs => %(delay_seconds)s), "
+RETRY_LATER = _finish(
+    "state = 'queued', scheduled_at = now() + make_interval(secs => %(delay_seconds)s), "
     "error_class = %(error_class)s, error_message = %(error_message)s",
 )
 
 # A terminal outcome: failed with %(reason)s.
-FAIL = _FINISH.format(
-    fence=LIVE_LEASE,
-    job_set="state = 'failed', failure_reason = %(reason)s, error_class = %(error_class)s, "
+FAIL = _finish(
+    "state = 'failed', failure_reason = %(reason)s, error_class = %(error_class)s, "
     "error_message = %(error_message)s, finished_at = now()",
 )
 
 # Set aside (review, needs attention, budget), giving the attempt back.
-PARK = _FINISH.format(
-    fence=LIVE_LEASE,
-    job_set="state = 'parked', attempts = attempts - 1, park_reason = %(reason)s, park_detail = %(detail)s, "
+PARK = _finish(
+    "state = 'parked', attempts = attempts - 1, park_reason = %(reason)s, park_detail = %(detail)s, "
     "parked_on = %(parked_on)s::jsonb, parked_at = now()",
 )
 
 # Back to the queue without using an attempt (shutdown, a stop pause, an unservable kind, a wait to reconcile).
-RELEASE = _FINISH.format(
-    fence=LIVE_LEASE,
-    job_set="state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %(delay_seconds)s)",
+RELEASE = _finish(
+    "state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %(delay_seconds)s)",
 )
 
 # -- the beat (workers.services.maintenance) ---------------------------------------------------------
@@ -294,8 +331,9 @@ WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NUL
 """
 
 # Requeue at_least_once jobs whose lease expired more than %s (grace) seconds ago, with attempts
-# and time left; returns them for the doorbell.
-REAP_REQUEUE = """
+# and time left; returns them (_TRANSITION) for the hook and the doorbell.
+REAP_REQUEUE = (
+    """
 UPDATE workers_job
 SET state = 'queued', scheduled_at = now(), lease_holder = NULL, lease_expires_at = NULL, updated_at = now(),
     error_class = 'LeaseExpired', error_message = 'the previous attempt''s lease expired; requeued'
@@ -306,11 +344,13 @@ WHERE id IN (
       AND (deadline_at IS NULL OR deadline_at > now())
     FOR NO KEY UPDATE SKIP LOCKED
 ) AND state = 'running'
-RETURNING id, queue, version
-"""
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+    + _TRANSITION
+)
 
-# Fail (orphaned) every other job whose lease expired more than %s (grace) seconds ago.
-REAP_FAIL = """
+# Fail (orphaned) every other job whose lease expired more than %s (grace) seconds ago (_TRANSITION).
+REAP_FAIL = (
+    """
 UPDATE workers_job
 SET state = 'failed', failure_reason = 'orphaned', lease_holder = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now(), error_class = 'LeaseExpired',
@@ -322,10 +362,13 @@ WHERE id IN (
     WHERE state = 'running' AND lease_expires_at < now() - make_interval(secs => %s)
     FOR NO KEY UPDATE SKIP LOCKED
 ) AND state = 'running'
-"""
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+    + _TRANSITION
+)
 
-# Fail (deadline_exceeded) queued jobs whose overall deadline passed before they ran.
-FAIL_PAST_DEADLINE = """
+# Fail (deadline_exceeded) queued jobs whose overall deadline passed before they ran (_TRANSITION).
+FAIL_PAST_DEADLINE = (
+    """
 UPDATE workers_job
 SET state = 'failed', failure_reason = 'deadline_exceeded', finished_at = now(), updated_at = now(),
     error_class = 'DeadlineExceeded', error_message = 'the job''s overall deadline passed before it ran'
@@ -334,7 +377,9 @@ WHERE id IN (
     WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at <= now()
     FOR NO KEY UPDATE SKIP LOCKED
 ) AND state = 'queued'
-"""
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+    + _TRANSITION
+)
 
 # The queues with queued jobs, then each queue's first %s due, unpaused jobs in claim order (the
 # dispatcher rings for them; it does not wake workers for jobs a live pause holds back).
@@ -398,11 +443,11 @@ def insert_jobs(rows: int) -> str:
 # The job holding a kind's idempotency key, and its input's fingerprint (params: kind, key).
 JOB_BY_KEY = "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s"
 
-# Queue again the jobs among %s still parked for reason %s; returns them for the doorbell.
+# Queue again the jobs among %s still parked for reason %s; returns them (_TRANSITION) for the hook and the doorbell.
 UNPARK_JOBS = (
-    "UPDATE workers_job SET state = 'queued', park_reason = NULL, park_detail = '', parked_on = '{}'::jsonb, "
+    "UPDATE workers_job SET state = 'queued', park_reason = NULL, park_detail = '', parked_on = '{}'::jsonb, "  # noqa: S608 (composed from constant fragments; values are bound)
     "parked_at = NULL, scheduled_at = now(), updated_at = now() "
-    "WHERE id = ANY(%s) AND state = 'parked' AND park_reason = %s RETURNING id, queue, version"
+    "WHERE id = ANY(%s) AND state = 'parked' AND park_reason = %s " + _TRANSITION
 )
 
 # -- budgets (workers.services.budgets) ----------------------------------------------------------------
@@ -501,8 +546,6 @@ RETURNING u.id, u.budget_id
 """
 )
 
-# Add an attempt's run time (params: seconds, usage ids).
-ADD_RUN_SECONDS = "UPDATE workers_budgetusage SET run_seconds = run_seconds + %s, updated_at = now() WHERE id = ANY(%s)"
 
 # -- the operations ledger (workers.ledger) ----------------------------------------------------------
 
@@ -537,6 +580,21 @@ OPERATION_NOT_DONE = (
     "UPDATE workers_operation SET state = 'failed', reservations = '[]'::jsonb, error_message = %(msg)s, "  # noqa: S608 (composed from constant fragments; values are bound)
     "settled_at = now()," + _OPERATION_ROW
 )
+
+# What a settled operation counted (its cost and numeric usage, %(usage)s) added to attempt
+# (job_id, lease_token)'s job and to the attempt's own row, fenced, in the ledger's settlement
+# transaction: spent money is on the job the moment it is recorded, whichever kind of worker made
+# the call and whether or not the attempt later reports.
+ADD_OPERATION_USAGE = f"""
+WITH j AS (
+    UPDATE workers_job SET usage = {_ADD_USAGE}, updated_at = now()
+    WHERE {LIVE_LEASE}
+    RETURNING id
+)
+UPDATE workers_attempt SET usage = {_ADD_USAGE}
+WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
+RETURNING id
+"""  # noqa: S608 (composed from constant fragments; values are bound)
 
 # Seconds (database clock) since the last send under operation %s can have left: the end of the
 # lease of the attempt that marked it in flight (or the row's last write, without an attempt row).

@@ -39,11 +39,12 @@ from tests.support.fleet import (
     wait_state,
     wait_workers_ready,
 )
-from workers import doorbell, kinds
+from workers import doorbell, kinds, outcomes
 from workers.errors import Rejection
 from workers.models import Attempt, FailureReason, Job, Outcome, WorkerProcess
 from workers.services import leases
 from workers.services.jobs import JobSpec, enqueue, enqueue_many
+from workers.transitions import end_attempt
 
 # transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -170,16 +171,15 @@ def test_stopped_worker_past_its_lease_cannot_change_the_outcome(processes, tmp_
 
     # The engine names the rejection for every write the stale attempt could try.
     assert leases.heartbeat(job_id=job_id, lease_token=stale_token, lease_seconds=3) is Rejection.LEASE_SUPERSEDED
-    assert leases.complete(job_id=job_id, lease_token=stale_token, result={"pid": stale_pid}) is Rejection.LEASE_SUPERSEDED
-    assert (
-        leases.fail(job_id=job_id, lease_token=stale_token, reason=FailureReason.FATAL, error_class="X", message="late")
-        is Rejection.LEASE_SUPERSEDED
-    )
-    assert (
-        leases.retry_later(job_id=job_id, lease_token=stale_token, delay_seconds=0, error_class="X", message="late")
-        is Rejection.LEASE_SUPERSEDED
-    )
-    assert leases.release(job_id=job_id, lease_token=stale_token, outcome=Outcome.INTERRUPTED) is Rejection.LEASE_SUPERSEDED
+    held = leases.lease_of(attempt_id=Attempt.objects.get(job_id=job_id, lease_token=stale_token).pk)
+    assert held is not None and held.lease.lease_token == stale_token
+    for decision in (
+        outcomes.Complete(result={"pid": stale_pid}, state_delta={}),
+        outcomes.Fail(reason=FailureReason.FATAL, error_class="X", message="late"),
+        outcomes.RetryLater(delay_seconds=0, error_class="X", message="late"),
+        outcomes.Release(outcome=Outcome.INTERRUPTED, message=""),
+    ):
+        assert end_attempt(decision, held.lease) is Rejection.LEASE_SUPERSEDED, decision
     assert snapshot(job_id) == before
     # Extra (not the proof): the stale worker logged the rejection by name.
     assert "lease_superseded" in processes.logs() or "owned by a newer attempt" in processes.logs()

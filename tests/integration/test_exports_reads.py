@@ -22,10 +22,12 @@ from django.test.utils import CaptureQueriesContext
 from exports.models import Export, ExportState
 from exports.selectors import describe_export, get_export, latest_exports
 from tests.support.exports import People, request
+from workers import outcomes
 from workers.models import FailureReason
 from workers.services import leases
 from workers.services.jobs import cancel_job
 from workers.services.maintenance import safety_tick
+from workers.transitions import end_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,16 +49,8 @@ def ended_by_the_engine(people: People) -> tuple[Export, Export]:
     assert failed.job_id is not None
     lease = leases.claim_job(job_id=failed.job_id, worker="w", lease_seconds=30)
     assert lease is not None
-    assert (
-        leases.fail(
-            job_id=failed.job_id,
-            lease_token=lease.lease_token,
-            reason=FailureReason.ATTEMPTS_EXHAUSTED,
-            error_class="StorageDown",
-            message="storage unreachable",
-        )
-        is None
-    )
+    ending = outcomes.Fail(reason=FailureReason.ATTEMPTS_EXHAUSTED, error_class="StorageDown", message="storage unreachable")
+    assert end_attempt(ending, lease) is None
     return cancelled, failed
 
 

@@ -20,10 +20,12 @@ from django.utils.html import escape
 from koala.models import AuditEvent
 from tests.inprocess import run_until
 from tests.planted import Planted, planted
+from workers import outcomes
 from workers.models import Attempt, Job, Outcome
 from workers.selectors.jobs import job_for_person
 from workers.services import leases
 from workers.services.jobs import cancel_job, enqueue, requeue_job
+from workers.transitions import end_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,7 +111,7 @@ def test_an_operator_requeue_is_stored_and_named_lease_superseded(redis_clean: N
     lease = leases.claim_job(job_id=released, worker="w", lease_seconds=30)
     assert lease is not None
     message = "requeued by the provider's lookup window; looking again in 2s"
-    assert leases.release(job_id=released, lease_token=lease.lease_token, outcome=Outcome.INTERRUPTED, message=message) is None
+    assert end_attempt(outcomes.Release(outcome=Outcome.INTERRUPTED, message=message), lease) is None
     attempt = Attempt.objects.get(job_id=released)
     assert (attempt.outcome, attempt.requeued_by, attempt.error_message) == (Outcome.INTERRUPTED, "", message)
     assert [row.rejection for row in job_for_person(job_id=released, actor="vera").attempts] == [None]
@@ -125,7 +127,7 @@ def test_attempts_requeued_before_the_column_existed_read_the_same(redis_clean: 
     released = enqueue(kind="noop", input={}).job_id
     lease = leases.claim_job(job_id=released, worker="w", lease_seconds=30)
     assert lease is not None
-    leases.release(job_id=released, lease_token=lease.lease_token, outcome=Outcome.INTERRUPTED, message="shutdown")
+    end_attempt(outcomes.Release(outcome=Outcome.INTERRUPTED, message="shutdown"), lease)
     executor = MigrationExecutor(connection)
     executor.migrate([("workers", "0010_dashboard_bounded")])
     try:

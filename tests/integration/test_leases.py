@@ -7,15 +7,25 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from workers import outcomes
 from workers.errors import Rejection
-from workers.models import Attempt, FailureReason, Job
+from workers.models import Attempt, FailureReason, Job, Outcome
 from workers.services import leases
 from workers.services.jobs import cancel_job, enqueue, requeue_job
-from workers.services.leases import Report
+from workers.services.leases import Lease
+from workers.transitions import Report, end_attempt
 
 # transaction=True: claims compare scheduled_at with PostgreSQL's now(), which stands still
 # inside one transaction, so a job enqueued in the test's transaction never falls due there.
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def complete(lease: Lease, result: object = None, **delta: object) -> Rejection | None:
+    return end_attempt(outcomes.Complete(result=result, state_delta=dict(delta)), lease)
+
+
+def fail(lease: Lease, message: str = "m") -> Rejection | None:
+    return end_attempt(outcomes.Fail(reason=FailureReason.FATAL, error_class="E", message=message), lease)
 
 
 def expire_lease(job_id: int) -> None:
@@ -86,12 +96,10 @@ def test_complete_merges_state_by_top_level_key(redis_clean: None) -> None:
     lease = leases.claim_job(job_id=job_id, worker="w", lease_seconds=30)
     assert lease is not None
     assert (
-        leases.complete(
-            job_id=job_id,
-            lease_token=lease.lease_token,
-            result={"ok": 1},
-            state_delta={"replace": {"new": True}, "add": 2},
-            report=Report(compute_seconds=0.5, usage={"requests": 2}),
+        end_attempt(
+            outcomes.Complete(result={"ok": 1}, state_delta={"replace": {"new": True}, "add": 2}),
+            lease,
+            Report(compute_seconds=0.5, usage={"requests": 2}),
         )
         is None
     )
@@ -108,14 +116,12 @@ def test_repeat_of_the_same_completion_is_already_recorded(redis_clean: None) ->
     job_id = enqueue(kind="noop", input={}).job_id
     lease = leases.claim_job(job_id=job_id, worker="w", lease_seconds=30)
     assert lease is not None
-    assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is None
-    assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is Rejection.ALREADY_RECORDED
+    assert complete(lease, 1) is None
+    assert complete(lease, 1) is Rejection.ALREADY_RECORDED
     # A different report from the same attempt cannot change a terminal job either; its first
     # report stands, so it is told already_recorded (not lease_expired: no reaper decides a
     # finished job).
-    rejection = leases.fail(
-        job_id=job_id, lease_token=lease.lease_token, reason=FailureReason.FATAL, error_class="X", message="late"
-    )
+    rejection = fail(lease, "late")
     assert rejection is Rejection.ALREADY_RECORDED
     assert Job.objects.get(pk=job_id).state == "succeeded"
 
@@ -126,7 +132,7 @@ def test_expired_lease_is_rejected_by_name(redis_clean: None) -> None:
     assert lease is not None
     expire_lease(job_id)
     assert leases.heartbeat(job_id=job_id, lease_token=lease.lease_token, lease_seconds=30) is Rejection.LEASE_EXPIRED
-    assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is Rejection.LEASE_EXPIRED
+    assert complete(lease, 1) is Rejection.LEASE_EXPIRED
     assert Job.objects.get(pk=job_id).state == "running"  # unchanged: the reaper decides
 
 
@@ -139,16 +145,14 @@ def test_superseded_attempt_cannot_change_the_outcome(redis_clean: None) -> None
     assert fresh is not None and fresh.lease_token == stale.lease_token + 1
     for call in (
         lambda: leases.heartbeat(job_id=job_id, lease_token=stale.lease_token, lease_seconds=30, progress={"x": 1}),
-        lambda: leases.complete(job_id=job_id, lease_token=stale.lease_token, result="stale"),
-        lambda: leases.fail(
-            job_id=job_id, lease_token=stale.lease_token, reason=FailureReason.FATAL, error_class="E", message="m"
-        ),
-        lambda: leases.retry_later(job_id=job_id, lease_token=stale.lease_token, delay_seconds=1, error_class="E", message="m"),
+        lambda: complete(stale, "stale"),
+        lambda: fail(stale),
+        lambda: end_attempt(outcomes.RetryLater(delay_seconds=1, error_class="E", message="m"), stale),
     ):
         assert call() is Rejection.LEASE_SUPERSEDED
     job = Job.objects.get(pk=job_id)
     assert (job.state, job.lease_holder, job.progress) == ("running", "new", {})
-    assert leases.complete(job_id=job_id, lease_token=fresh.lease_token, result="fresh") is None
+    assert complete(fresh, "fresh") is None
     assert Job.objects.get(pk=job_id).result == "fresh"
 
 
@@ -158,7 +162,7 @@ def test_cancelled_job_rejects_its_running_attempt(redis_clean: None) -> None:
     assert lease is not None
     cancel_job(job_id=job_id, actor="ops", reason="wrong customer")
     assert leases.heartbeat(job_id=job_id, lease_token=lease.lease_token, lease_seconds=30) is Rejection.JOB_CANCELLED
-    assert leases.complete(job_id=job_id, lease_token=lease.lease_token, result=1) is Rejection.JOB_CANCELLED
+    assert complete(lease, 1) is Rejection.JOB_CANCELLED
     job = Job.objects.get(pk=job_id)
     assert job.state == "cancelled" and job.result is None
     assert Attempt.objects.get(job_id=job_id).outcome == "cancelled"
@@ -168,7 +172,7 @@ def test_release_gives_the_attempt_back(redis_clean: None) -> None:
     job_id = enqueue(kind="noop", input={}).job_id
     lease = leases.claim_job(job_id=job_id, worker="w", lease_seconds=30)
     assert lease is not None
-    assert leases.release(job_id=job_id, lease_token=lease.lease_token, outcome="interrupted") is None
+    assert end_attempt(outcomes.Release(outcome=Outcome.INTERRUPTED, message=""), lease) is None
     job = Job.objects.get(pk=job_id)
     assert (job.state, job.attempts) == ("queued", 0)
     again = leases.claim_job(job_id=job_id, worker="w2", lease_seconds=30)

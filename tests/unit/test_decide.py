@@ -25,6 +25,7 @@ from workers.outcomes import (
     Cut,
     Discard,
     Fail,
+    GivenBack,
     Park,
     Parked,
     Raised,
@@ -33,7 +34,6 @@ from workers.outcomes import (
     RetryLater,
     Returned,
     Stale,
-    StoppedForPause,
     Unservable,
     decide,
 )
@@ -136,8 +136,18 @@ TABLE: list[tuple[str, outcomes.Ending, outcomes.Decision | dict[Any, outcomes.D
         Reconciling(detail="lookup of 8d1f-secret-pin failed", delay_seconds=1.0),
         Release(outcome=Outcome.INTERRUPTED, message="lookup of [redacted] failed", delay_seconds=1.0),
     ),
-    # A checkpoint is a safe point: even at_most_once is given back.
-    ("stopped-for-pause", StoppedForPause(), Release(outcome=Outcome.INTERRUPTED, message="released by a stop pause")),
+    # A checkpoint is a safe point, and a body that never started left nothing half-done: even
+    # at_most_once is given back.
+    (
+        "stopped-for-pause",
+        GivenBack(why="released by a stop pause"),
+        Release(outcome=Outcome.INTERRUPTED, message="released by a stop pause"),
+    ),
+    (
+        "never-started",
+        GivenBack(why="released: the acquire request it was claimed for had ended"),
+        Release(outcome=Outcome.INTERRUPTED, message="released: the acquire request it was claimed for had ended"),
+    ),
     ("cut-at-shutdown", outcomes.Interrupted(why=Cut.SHUTDOWN), by_delivery(RELEASED_AT_SHUTDOWN, ORPHANED)),
     ("cut-by-stop-pause", outcomes.Interrupted(why=Cut.PAUSED), by_delivery(RELEASED_AT_SHUTDOWN, ORPHANED)),
     (

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -402,19 +402,19 @@ def claims_are_gated() -> bool:
     ).exists()
 
 
-def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]:
+def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> None:
     """Run inside the claim's transaction, after the job row was claimed.
 
     Raises ClaimBlocked (concurrency full: roll back, leave the job queued) or
-    BudgetExhausted (attempts or run time spent: roll back, park the job). Returns the
-    usage ids whose run time this attempt must add when it ends.
+    BudgetExhausted (attempts or run time spent: roll back, park the job). The attempt's run time
+    is added to the same budgets' usage rows when it ends (sql._FINISH).
     """
     params = _params(kind, queue, tenant)
     with connection.cursor() as cursor:
         cursor.execute(sql.CLAIM_BUDGETS, params)
         budgets = cursor.fetchall()
         if not budgets:
-            return []
+            return
         limited = [row for row in budgets if row[5] is not None]
         if limited:
             # Claims in one concurrency scope take turns on the budget row, so each counts the
@@ -429,22 +429,13 @@ def admit_claim(*, job_id: int, kind: str, queue: str, tenant: str) -> list[int]
                     raise ClaimBlocked(scope=scope, target=target, name=name)
         counted = [row[0] for row in budgets if row[6]]
         if not counted:
-            return []
+            return
         applicable = _ensure_usage(cursor, sql.ENSURE_USAGE_BY_ID, {"ids": counted})
         cursor.execute(sql.COUNT_CLAIM_ATTEMPT, {"ids": counted})
-        granted = {budget_id: usage_id for usage_id, budget_id in cursor.fetchall()}
+        granted = {budget_id for _usage_id, budget_id in cursor.fetchall()}
         for budget_id, name, period in applicable:
             if budget_id not in granted:
                 raise _exhausted(budget_id=budget_id, name=name, period=period, need=0, limits=("attempts", "run_seconds"))
-    return list(granted.values())
-
-
-def add_run_seconds(*, usage_ids: Iterable[int], seconds: float) -> None:
-    ids = list(usage_ids)
-    if not ids:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(sql.ADD_RUN_SECONDS, [seconds, ids])
 
 
 def _has_room(budget: Budget | None, parked_on: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from koala.storable import column_length, json_problem, text_problem
-from workers import doorbell, hooks, kinds, sql, targets
+from workers import doorbell, hooks, kinds, sql, targets, transitions
 from workers.errors import EnqueueError, JobStateError
 from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
@@ -300,6 +300,8 @@ def cancel_job(*, job_id: int, actor: str, reason: str = "") -> Job:
             target_id=job_id,
             details={"from": previous, "reason": reason[:200]},
         )
+        outcome = Outcome.CANCELLED if previous == JobState.RUNNING else None
+        transitions.reached([transitions.transition_of(job, outcome=outcome, cause="operator")])
         # Whatever the state: a job approved (so queued again) and cancelled before it ran
         # would otherwise keep an open approval. The job row is locked first, then what the
         # apps above hang on it (its reviews, withdrawn by the reviews app's callback): the
@@ -319,16 +321,18 @@ def fail_parked(*, job_id: int, reason: str, message: str, error_class: str, par
     parked = Job.objects.filter(pk=job_id, state=JobState.PARKED)
     if park_reason is not None:
         parked = parked.filter(park_reason=park_reason)
-    return bool(
-        parked.update(
-            state=JobState.FAILED,
-            failure_reason=reason,
-            park_reason=None,
-            error_class=error_class,
-            error_message=redact_text(message),
-            finished_at=timezone.now(),
-        )
+    failed = parked.update(
+        state=JobState.FAILED,
+        failure_reason=reason,
+        park_reason=None,
+        error_class=error_class,
+        error_message=redact_text(message),
+        finished_at=timezone.now(),
     )
+    if failed:
+        job = Job.objects.get(pk=job_id)
+        transitions.reached([transitions.transition_of(job, outcome=None, cause="review")])
+    return bool(failed)
 
 
 def retry_job(*, job_id: int, actor: str) -> EnqueueResult:
@@ -389,11 +393,14 @@ def unpark_jobs(*, job_ids: Sequence[int], reason: str) -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(sql.UNPARK_JOBS, [list(job_ids), reason])
         moved = cursor.fetchall()
-    by_queue: dict[str, list[tuple[int, int]]] = {}
-    for job_id, queue, version in moved:
-        by_queue.setdefault(queue, []).append((job_id, version))
-    transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
+    transitions.reached(transitions.transitions_of(moved, outcome=None, cause=_UNPARKED_BY.get(reason, "operator")))
+    transitions.ring_after_commit(moved)
     return [row[0] for row in moved]
+
+
+# Who unparks a job parked for each reason: the beat when its budget has room again, a reviewer's
+# approval, a person who settled the operation that needed attention.
+_UNPARKED_BY = {"budget": "budget", "waiting_review": "review", "needs_attention": "operator"}
 
 
 def requeue_job(*, job_id: int, actor: str) -> Job:
@@ -424,6 +431,8 @@ def requeue_job(*, job_id: int, actor: str) -> Job:
         job.scheduled_at = timezone.now()
         job.save()
         record_audit(actor=actor, action=AuditAction.REQUEUE, target_type="job", target_id=job_id, details={"from": previous})
+        outcome = Outcome.INTERRUPTED if previous == JobState.RUNNING else None
+        transitions.reached([transitions.transition_of(job, outcome=outcome, cause="operator")])
         queue, ring_job = job.queue, (job.pk, job.version)
         transaction.on_commit(lambda: doorbell.ring(queue, [ring_job]))
     return job

@@ -12,38 +12,15 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from workers import doorbell, hooks, sql
-
-
-@dataclass(frozen=True)
-class ReapReport:
-    orphaned: int
-    requeued: int
-    failed: int
-    deadline_failed: int
+from workers import doorbell, hooks, sql, transitions
+from workers.transitions import ReapReport
 
 
 def reap(*, grace_seconds: float | None = None) -> ReapReport:
     """Expired lease → attempt orphaned. After the grace period: at_least_once requeues
-    (if attempts remain), at_most_once fails with reason ``orphaned``."""
+    (if attempts remain), at_most_once fails with reason ``orphaned`` (workers.transitions.reap)."""
     grace = settings.KOALA_ORPHAN_GRACE_SECONDS if grace_seconds is None else grace_seconds
-    # One transaction: the row locks the first statement takes (FOR NO KEY UPDATE SKIP LOCKED,
-    # see sql.REAP_ORPHAN_ATTEMPTS) last until COMMIT, so the requeue and fail statements act on
-    # the rows it orphaned, and a concurrent replica skips them.
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql.REAP_ORPHAN_ATTEMPTS)
-        orphaned = cursor.rowcount
-        cursor.execute(sql.REAP_REQUEUE, [grace])
-        requeued_rows = cursor.fetchall()
-        cursor.execute(sql.REAP_FAIL, [grace])
-        failed = cursor.rowcount
-        cursor.execute(sql.FAIL_PAST_DEADLINE)
-        deadline_failed = cursor.rowcount
-        by_queue: dict[str, list[tuple[int, int]]] = {}
-        for job_id, queue, version in requeued_rows:
-            by_queue.setdefault(queue, []).append((job_id, version))
-        transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
-    return ReapReport(orphaned=orphaned, requeued=len(requeued_rows), failed=failed, deadline_failed=deadline_failed)
+    return transitions.reap(grace_seconds=grace)
 
 
 def dispatch(*, depth: int | None = None) -> int:

@@ -1,0 +1,299 @@
+"""The one transition writer: how a job's state changes are recorded, whoever makes them.
+
+Every ending of an attempt is decided first, as a value (``workers.outcomes.decide``), and then
+written here, by one function, ``end_attempt``, whatever ran the body:
+
+- an RQ worker (``WorkerRuntime._report``, which adds retries through a dropped connection and
+  the log line a person reads),
+- an HTTP worker's complete and fail calls and the ledger's parks (``api.protocol``, which answers
+  a rejection with its 409),
+- a lease the API claimed for an acquire that had ended before it was sent (``give_back``),
+- an attempt a worker cannot serve (``unservable``: the backoff counts the job's earlier ones).
+
+Each decision is one fenced statement (``sql.COMPLETE`` … ``sql.RELEASE``, all ``sql._FINISH``):
+the job's new state, the attempt's outcome, error, timings and usage, and its run time on the
+budgets that count it, in one commit. The same names (``outcomes.error_class_of``), the same retry
+rule, the same usage accounting (what the ledger's operations cost is added when they settle,
+what the body reports when the attempt ends) hold for both kinds of worker.
+
+The reaper's transitions (``reap``: orphaned attempts, requeued or failed jobs, queued jobs past
+their deadline) are written here too; the services that change a job for a person (cancel,
+requeue, a review's rejection, unpark, a budget's park at claim) write their own conditional
+UPDATE and report it through ``reached``.
+
+Whatever the path, the apps above the engine are told through ``workers.hooks``
+(``register_on_transition``) inside the transaction that records the change: a workflow's
+dependants become due, a metric counts, in the same commit or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+
+from koala.redaction import redact_text
+from workers import doorbell, hooks, outcomes, sql
+from workers.errors import Rejection
+from workers.hooks import Transition
+from workers.models import FailureReason, JobState, Outcome, ParkReason
+
+if TYPE_CHECKING:
+    from workers.models import Job
+    from workers.services.leases import Lease
+
+
+@dataclass(frozen=True)
+class Report:
+    """What an attempt reports at its end, besides the outcome: its time split, and the usage the
+    body itself counted (tokens, calls; what the ledger's operations cost is already on the job)."""
+
+    compute_seconds: float = 0.0
+    db_wait_seconds: float = 0.0
+    storage_wait_seconds: float = 0.0
+    usage: dict[str, Any] | None = None
+
+
+# -- the fence's answer --------------------------------------------------------------------------------
+
+
+def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None) -> Rejection:
+    """Why a fenced write by attempt ``lease_token`` matched no row.
+
+    ``reporting`` is the outcome the attempt tried to record; if exactly that is already
+    stored for this attempt, the repeat is ``already_recorded`` (the worker treats it as done).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql.REJECTION_FOR, [lease_token, job_id])
+        row = cursor.fetchone()
+    if row is None:
+        return Rejection.LEASE_SUPERSEDED
+    state, current_token, my_outcome, requeued_by = row
+    # The attempt row is keyed by this token: if it already holds exactly this report, the
+    # report landed (its reply was lost), whoever has claimed the job since.
+    if reporting is not None and my_outcome == reporting:
+        return Rejection.ALREADY_RECORDED
+    if state == JobState.CANCELLED:
+        return Rejection.JOB_CANCELLED
+    if current_token != lease_token:
+        return Rejection.LEASE_SUPERSEDED
+    # Nobody has claimed the job since. If this attempt already recorded its own end (a report
+    # of another outcome after its first landed: fail after complete, complete after a terminal
+    # fail), that end stands and the worker has nothing left to do: already_recorded, not
+    # lease_expired, which would tell it that the reaper still decides a job that is settled.
+    # The reaper's orphaned mark and an operator's requeue are not this attempt's own ends.
+    if reporting is not None and my_outcome in _OWN_ENDS and not (my_outcome == Outcome.INTERRUPTED and requeued_by):
+        return Rejection.ALREADY_RECORDED
+    return Rejection.LEASE_EXPIRED
+
+
+# Outcomes an attempt records for itself (through end_attempt), as opposed to the reaper's ORPHANED
+# and the CANCELLED an operator's cancel writes.
+_OWN_ENDS = (Outcome.SUCCEEDED, Outcome.RETRY, Outcome.FAILED, Outcome.PARKED, Outcome.UNSERVABLE, Outcome.INTERRUPTED)
+
+
+# -- an attempt's end ------------------------------------------------------------------------------------
+
+
+def outcome_of(decision: outcomes.Decision) -> str | None:
+    """The outcome the attempt's row records for ``decision``; None for Discard (nothing is written)."""
+    match decision:
+        case outcomes.Complete():
+            return Outcome.SUCCEEDED
+        case outcomes.RetryLater():
+            return Outcome.RETRY
+        case outcomes.Fail():
+            return Outcome.FAILED
+        case outcomes.Park():
+            return Outcome.PARKED
+        case outcomes.Release(outcome=outcome):
+            return outcome
+        case outcomes.Discard():
+            return None
+    raise TypeError(f"not a decision: {decision!r}")
+
+
+def _statement(decision: outcomes.Decision) -> tuple[str, dict[str, Any]]:
+    """The fenced statement that records ``decision`` and its transition's own values."""
+    match decision:
+        case outcomes.Complete(result=result, state_delta=state_delta):
+            return sql.COMPLETE, {
+                "result": json.dumps(result, default=str),
+                "state_delta": json.dumps(state_delta or {}, default=str),
+            }
+        case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
+            return sql.RETRY_LATER, {
+                "delay_seconds": delay,
+                "error_class": error_class[:200],
+                "error_message": redact_text(message),
+            }
+        case outcomes.Fail(reason=reason, error_class=error_class, message=message):
+            return sql.FAIL, {
+                "reason": FailureReason(reason).value,
+                "error_class": error_class[:200],
+                "error_message": redact_text(message),
+            }
+        case outcomes.Park(reason=reason, detail=detail, parked_on=parked_on):
+            if reason not in ParkReason.values:
+                raise ValueError(f"unknown park reason {reason!r}")
+            text = redact_text(detail)
+            return sql.PARK, {
+                "reason": reason,
+                "detail": text,
+                "error_message": text,
+                "parked_on": json.dumps(parked_on or {}, default=str),
+            }
+        case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
+            if outcome not in (Outcome.INTERRUPTED, Outcome.UNSERVABLE):
+                raise ValueError(f"release cannot record {outcome!r}")
+            return sql.RELEASE, {"delay_seconds": delay, "error_message": redact_text(message)}
+    raise TypeError(f"not a decision to write: {decision!r}")
+
+
+def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None = None) -> Rejection | None:
+    """Record ``decision`` for attempt ``lease``: None when it landed, else the rejection by name.
+
+    One fenced statement; with an app listening for transitions, that statement and the app's
+    callbacks share one transaction (a callback that raises undoes the ending, and the caller
+    sees the error). A released attempt used nothing, so its row records only the outcome: the
+    report is dropped for it, as it always was.
+    """
+    outcome = outcome_of(decision)
+    if outcome is None:
+        return None
+    statement, values = _statement(decision)
+    if isinstance(decision, outcomes.Release):
+        report = None
+    report = report or Report()
+    params = {
+        "error_class": "",
+        "error_message": "",
+        **values,
+        "job_id": lease.job_id,
+        "lease_token": lease.lease_token,
+        "outcome": outcome,
+        "usage": json.dumps(countable(report.usage)),
+        "compute_seconds": report.compute_seconds,
+        "db_wait_seconds": report.db_wait_seconds,
+        "storage_wait_seconds": report.storage_wait_seconds,
+    }
+    if hooks.wants_transitions():
+        with transaction.atomic():
+            row = _execute(statement, params)
+            if row is not None:
+                hooks.run_on_transition([_transition(row, outcome=outcome, cause="attempt")])
+    else:
+        row = _execute(statement, params)  # one statement, its own commit: the hot path's cost
+    if row is not None:
+        return None
+    return rejection_for(job_id=lease.job_id, lease_token=lease.lease_token, reporting=outcome)
+
+
+def _execute(statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchone()
+
+
+def countable(usage: dict[str, Any] | None) -> dict[str, float]:
+    """The countable part of a usage: numbers only (a model's name is not summed)."""
+    return {k: v for k, v in (usage or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _transition(row: Sequence[Any], *, outcome: str | None, cause: str) -> Transition:
+    """A (id, kind, version, queue, state, failure_reason) row as the hook is told of it."""
+    job_id, kind, version, queue, state, failure_reason = row[:6]
+    return Transition(
+        job_id=int(job_id),
+        kind=kind,
+        version=int(version),
+        queue=queue,
+        state=state,
+        outcome=outcome,
+        failure_reason=failure_reason,
+        cause=cause,
+    )
+
+
+def unservable(lease: Lease, *, worker: str) -> outcomes.Decision:
+    """The decision for an attempt ``worker`` cannot serve: released, backing off with the job's
+    earlier unservable attempts (so a job nobody serves costs a few rows a minute, not one a second)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.COUNT_UNSERVABLE, [lease.job_id])
+        (earlier,) = cursor.fetchone()
+    return outcomes.decide(outcomes.Unservable(worker=worker, earlier=int(earlier)), lease, None)
+
+
+def give_back(leases_: Sequence[Lease], *, why: str) -> None:
+    """Give back leases whose bodies never started (claimed for a request that had ended): the
+    attempt is not used, any delivery mode goes back to the queue."""
+    for lease in leases_:
+        end_attempt(outcomes.decide(outcomes.GivenBack(why=why), lease, None), lease)
+
+
+# -- the reaper ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    orphaned: int
+    requeued: int
+    failed: int
+    deadline_failed: int
+
+
+def reap(*, grace_seconds: float) -> ReapReport:
+    """Expired lease → attempt orphaned. After the grace period: at_least_once requeues (if
+    attempts and time remain), everything else fails ``orphaned``; queued jobs past their deadline
+    fail ``deadline_exceeded``. Every job moved is reported to the hook in the same transaction."""
+    # One transaction: the row locks the first statement takes (FOR NO KEY UPDATE SKIP LOCKED,
+    # see sql.REAP_ORPHAN_ATTEMPTS) last until COMMIT, so the requeue and fail statements act on
+    # the rows it orphaned, and a concurrent replica skips them.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.REAP_ORPHAN_ATTEMPTS)
+        orphaned = cursor.rowcount
+        cursor.execute(sql.REAP_REQUEUE, [grace_seconds])
+        requeued = cursor.fetchall()
+        cursor.execute(sql.REAP_FAIL, [grace_seconds])
+        failed = cursor.fetchall()
+        cursor.execute(sql.FAIL_PAST_DEADLINE)
+        deadline_failed = cursor.fetchall()
+        reached(
+            [_transition(row, outcome=Outcome.ORPHANED, cause="reaper") for row in (*requeued, *failed)]
+            + [_transition(row, outcome=None, cause="deadline") for row in deadline_failed]
+        )
+        ring_after_commit(requeued)
+    return ReapReport(orphaned=orphaned, requeued=len(requeued), failed=len(failed), deadline_failed=len(deadline_failed))
+
+
+# -- people's and the beat's transitions ----------------------------------------------------------------------
+
+
+def reached(changes: Sequence[Transition]) -> None:
+    """Tell the apps above that these jobs reached their states: call inside the transaction that
+    changed them, after the change (the services of workers.services.jobs, the reaper)."""
+    hooks.run_on_transition(changes)
+
+
+def transition_of(job: Job, *, outcome: str | None, cause: str) -> Transition:
+    """A job row a service has just saved, as the hook is told of it."""
+    return _transition((job.pk, job.kind, job.version, job.queue, job.state, job.failure_reason), outcome=outcome, cause=cause)
+
+
+def transitions_of(rows: Sequence[Sequence[Any]], *, outcome: str | None, cause: str) -> list[Transition]:
+    """(id, kind, version, queue, state, failure_reason) rows, as the hook is told of them."""
+    return [_transition(row, outcome=outcome, cause=cause) for row in rows]
+
+
+def ring_after_commit(rows: Sequence[Sequence[Any]]) -> None:
+    """Ring the doorbell, once the transaction commits, for the jobs of (id, kind, version, queue, …)
+    rows that became queued."""
+    by_queue: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        job_id, _kind, version, queue = row[:4]
+        by_queue.setdefault(queue, []).append((int(job_id), int(version)))
+    if by_queue:
+        transaction.on_commit(lambda: [doorbell.ring(q, jobs) for q, jobs in by_queue.items()])
