@@ -14,8 +14,12 @@ Waiting costs one open request per idle worker and nothing else:
   the event loop only moves futures.
 - Presence (``last_seen_at``) of the waiting workers is written in one UPDATE every 10 s.
 
-A lease claimed for a request that ended meanwhile (timeout, disconnect) is given back at once
-(``protocol.give_back``, no attempt used).
+A lease claimed for a request that ended meanwhile (timeout, disconnect, the worker's stop call)
+is given back at once (``protocol.give_back``, no attempt used).
+
+A worker's stop call (``stop_waiting``) answers its waiting acquire at once with nothing, in this
+process and, through the ``worker-stop`` channel, in every other server process: an idle worker
+stops in well under a second instead of waiting out its long-poll.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from api import protocol
 from api.protocol import ClaimPass, Registration
-from workers import doorbell
+from workers import dbsession, doorbell
 from workers.services.leases import Lease
 
 log = logging.getLogger("koala.api")
@@ -79,7 +83,12 @@ class Hub:
     def __init__(self) -> None:
         self.waiters: list[_Waiter] = []
         threads = int(getattr(settings, "KOALA_API_DB_THREADS", 16))
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="koala-api-db")
+        # Every database call of a worker's call runs in these threads, whose sessions are bounded
+        # like an RQ worker's (workers/dbsession.py): a partition mid-transaction cannot hold a
+        # job row (or any lock) past the bounds, so a replacement is never blocked behind it.
+        self.executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="koala-api-db", initializer=dbsession.bound_this_thread
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -114,9 +123,12 @@ class Hub:
             self._listener.start()
 
     async def acquire(self, registration: Registration, *, count: int, wait: float) -> list[Lease]:
-        """Up to ``count`` leases for ``registration``, or [] after ``wait`` seconds."""
+        """Up to ``count`` leases for ``registration``, or [] after ``wait`` seconds (at once for a
+        worker that has called stop)."""
         self._ensure_started()
         assert self.loop is not None and self._wake is not None
+        if protocol.is_stopping(registration.worker_id):
+            return []
         self._seen.add(registration.worker_id)
         waiter = _Waiter(registration=registration, count=count, future=self.loop.create_future())
         if wait <= 0:
@@ -142,6 +154,36 @@ class Hub:
 
     def seen(self, worker_id: str) -> None:
         self._seen.add(worker_id)
+
+    def stop_waiting(self, worker_id: str) -> int:
+        """On the event loop: answer ``worker_id``'s waiting acquires with nothing, now. A claim
+        already running for them finds the request ended and gives its leases back."""
+        protocol.mark_stopping(worker_id)
+        ended = 0
+        for waiter in list(self.waiters):
+            if waiter.registration.worker_id == worker_id and not waiter.future.done():
+                waiter.future.set_result([])
+                ended += 1
+        return ended
+
+    def started(self, worker_id: str) -> None:
+        """On the event loop: ``worker_id`` registered (again): its acquires wait as usual."""
+        protocol.forget_stopping(worker_id)
+
+    def announce(self, event: str, worker_id: str) -> None:
+        """Tell every server process (this one too) that ``worker_id`` stops or starts (``event``):
+        its acquire may wait in any of them, and a name that stopped may register again through
+        another. One channel, so every process sees a stop and a later start in that order. A Redis
+        that is away only costs the other processes' long-polls their wait."""
+        handler = self.stop_waiting if event == "stop" else self.started
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(handler, worker_id)
+        else:
+            handler(worker_id)
+        try:
+            doorbell.redis_connection().publish(doorbell.channel("worker-stop"), f"{event}:{worker_id}")
+        except Exception as exc:
+            log.warning("worker API: could not announce the %s of %s (%s)", event, worker_id, type(exc).__name__)
 
     # -- the poller --------------------------------------------------------------------------------
     def _tick_seconds(self) -> float:
@@ -257,8 +299,8 @@ class Hub:
             try:
                 client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, health_check_interval=30)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                rings, revoked = doorbell.channel("doorbell"), keys.revoked_channel()
-                pubsub.subscribe(rings, revoked)
+                rings, revoked, stops = doorbell.channel("doorbell"), keys.revoked_channel(), doorbell.channel("worker-stop")
+                pubsub.subscribe(rings, revoked, stops)
                 delay = 0.5
                 # A reconnect may have missed rings: look once.
                 if self.loop is not None:
@@ -268,9 +310,14 @@ class Hub:
                     if message is None:
                         continue
                     channel = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
+                    data = message["data"]
+                    text = data.decode() if isinstance(data, bytes) else str(data)
                     if channel == revoked:
-                        data = message["data"]
-                        keys.forget_cached(data.decode() if isinstance(data, bytes) else str(data))
+                        keys.forget_cached(text)
+                    elif channel == stops:
+                        event, _, worker_id = text.partition(":")
+                        if self.loop is not None:
+                            self.loop.call_soon_threadsafe(self.stop_waiting if event == "stop" else self.started, worker_id)
                     elif self.loop is not None:
                         self.loop.call_soon_threadsafe(self._rang)
             except Exception as exc:  # Redis away: the tick keeps serving; try again later

@@ -2,9 +2,9 @@
 and the ledger's two calls. The views (api.views.worker) parse and call these; nothing here reads
 a request.
 
-The same engine as an RQ worker's, not a second one: the claim is ``leases.claim_next`` (pauses in
-its SQL, budgets admitted in its transaction), every later write is the fenced ``sql.LIVE_LEASE``
-statement chosen by ``workers.reporting.transition`` from ``outcomes.decide``, and operations go
+The same engine as an RQ worker's, not a second one: the claim is ``leases.claim_from`` (pauses in
+its SQL, budgets admitted in its transaction), every attempt's end is decided by ``outcomes.decide``
+and written by the one transition writer, ``workers.transitions.end_attempt``, and operations go
 through ``workers.ledger``. An HTTP worker's attempt therefore ends, retries, parks and is reaped
 exactly as an RQ worker's does. What is HTTP's own: the lease token (a secret per lease), the
 worker's registration, and the span rows the body reports.
@@ -28,7 +28,7 @@ from django.utils.dateparse import parse_datetime
 
 from api.http import ApiError, invalid
 from koala import redaction
-from workers import kinds, outcomes, targets
+from workers import kinds, outcomes, targets, transitions
 from workers.context import JobContext
 from workers.errors import (
     Declined,
@@ -43,17 +43,15 @@ from workers.errors import (
     UnknownName,
 )
 from workers.ledger import ABSENT, Miss, OperationResult, Processing, run_operation, settle_call
-from workers.models import Attempt, Operation, OperationState, Outcome, Scope, Span, WorkerExit, WorkerProcess, operation_key_base
-from workers.reporting import transition
-from workers.services import budgets, leases, pauses
-from workers.services.budgets import ClaimBlocked
-from workers.services.leases import HeldLease, Lease, Report
+from workers.models import Operation, OperationState, Outcome, Span, WorkerExit, WorkerProcess, operation_key_base
+from workers.services import budgets, leases, pauses, processes
+from workers.services.leases import ClaimPass, HeldLease, Lease
+from workers.transitions import Report
 
 NAME_PATTERN = r"[A-Za-z0-9._@+-]{1,200}"  # what django-rq's worker pages can link to (workers.rq_pages)
 MAX_CONCURRENCY = 256
 MAX_SPANS = 1000
 MAX_MESSAGE_CHARS = 2000
-RECENT_STARTS_KEPT = 20
 REGISTRATION_CACHE_SECONDS = 30.0
 
 REJECTION_TEXT = {
@@ -131,30 +129,22 @@ def register(
         except UnknownName as exc:
             raise ApiError(400, "unknown_queue", f"queues: {exc}") from None
     worker_id = name or f"http.{hostname}.{pid if pid is not None else 0}"
-    now = timezone.now()
-    with transaction.atomic():
-        row = WorkerProcess.objects.select_for_update().filter(name=worker_id).first()
-        if row is not None and row.api_key and row.api_key != key_prefix and not row.stopped_at:
-            # Another key's worker holds the name: refuse rather than let one key act as another's worker.
-            raise ApiError(403, "forbidden", f"name: worker {worker_id!r} is registered with another API key")
-        starts = [*(row.recent_starts if row is not None else []), now.isoformat()][-RECENT_STARTS_KEPT:]
-        WorkerProcess.objects.update_or_create(
+    try:
+        processes.start(
             name=worker_id,
-            defaults={
-                "hostname": hostname[:255],
-                "pid": pid or 0,
-                "queues": chosen,
-                "kinds": sorted(set(pairs)),
-                "worker_class": ("http " + sdk)[:100].strip(),
-                "started_at": now,
-                "last_seen_at": now,
-                "stopped_at": None,
-                "recent_starts": starts,
-                "exit": WorkerExit.RUNNING,
-                "concurrency": concurrency,
-                "api_key": key_prefix,
-            },
+            hostname=hostname,
+            pid=pid or 0,
+            queues=chosen,
+            kinds=pairs,
+            worker_class=("http " + sdk).strip(),
+            owner=key_prefix,
+            concurrency=concurrency,
         )
+    except processes.WorkerNameInUse:
+        # Another key's worker (or a worker of the deployment's own) holds the name: refuse rather
+        # than let one key act as another's worker.
+        raise ApiError(403, "forbidden", f"name: worker {worker_id!r} is registered with another API key") from None
+    forget_stopping(worker_id)  # a name that stopped may start again (other server processes hear it: api.poller)
     registration = Registration(
         worker_id=worker_id,
         served=tuple(sorted(set(pairs))),
@@ -228,9 +218,53 @@ def forget_registrations() -> None:
 
 def touch_workers(*, worker_ids: Sequence[str]) -> int:
     """One UPDATE for every worker seen since the last call (api.poller batches them)."""
-    if not worker_ids:
-        return 0
-    return WorkerProcess.objects.filter(name__in=list(worker_ids), stopped_at__isnull=True).update(last_seen_at=timezone.now())
+    return processes.touch(names=worker_ids)
+
+
+# Workers that asked to stop while they still held leases (the stop call, below): this process
+# answers their acquires at once with nothing. Kept in memory (and told to every server process
+# over Redis, api.poller): a worker that stops does not acquire again.
+_stopping: set[str] = set()
+
+
+def forget_stopping(worker_id: str) -> None:
+    _stopping.discard(worker_id)
+
+
+def mark_stopping(worker_id: str) -> None:
+    _stopping.add(worker_id)
+
+
+def is_stopping(worker_id: str) -> bool:
+    return worker_id in _stopping
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The stop call's answer: the leases the worker still holds, and whether its exit is recorded."""
+
+    held: int
+    exited: bool
+
+
+def stop(*, worker_id: str, key_prefix: str, reason: str) -> Stopped:
+    """A worker stops: it takes no more leases (its waiting acquire is answered at once, by the
+    hub), and once it holds none its exit is recorded (stopped, with ``reason``). A worker still
+    running bodies calls again when they have ended; one that never does is found silent later
+    and recorded as died, as any worker that vanishes."""
+    found = registration(worker_id=worker_id, key_prefix=key_prefix)
+    mark_stopping(found.worker_id)
+    held = count_held(worker_id=found.worker_id)
+    if held:
+        return Stopped(held=held, exited=False)
+    row = WorkerProcess.objects.filter(name=found.worker_id, api_key=key_prefix).values_list("pid", flat=True).first()
+    detail = redaction.redact_text(reason or "stop call")
+    exited = row is not None and processes.finish(
+        name=found.worker_id, pid=row, exit=WorkerExit.STOPPED, detail=detail, owner=key_prefix
+    )
+    with _registrations_lock:
+        _registrations.pop(found.worker_id, None)
+    return Stopped(held=0, exited=exited)
 
 
 # -- leases --------------------------------------------------------------------------------------
@@ -319,71 +353,21 @@ def count_held(*, worker_id: str) -> int:
     return int(count)
 
 
-@dataclass
-class ClaimPass:
-    """One poller round's view of what is blocked (as WorkerRuntime._drain keeps per pass)."""
-
-    gated: bool
-    skip: dict[str, list[str]] = field(default_factory=dict)
-    blocked: set[str] = field(default_factory=set)
-
-
 def claim_pass() -> ClaimPass:
-    """Read once per round: whether budgets gate claims, and the live pauses (the claim SQL is the
-    authority on pauses; knowing them spares it from walking a paused kind's backlog)."""
-    live = pauses.active_pauses()
-    state = ClaimPass(gated=budgets.claims_are_gated())
-    paused_kinds = [p.target for p in live if p.scope == Scope.KIND]
-    state.skip = {"*": paused_kinds}
-    state.blocked = {p.target for p in live if p.scope == Scope.QUEUE}
-    if any(p.scope == Scope.GLOBAL for p in live):
-        state.blocked.add("*")
-    return state
+    """Read once per poller round (as an RQ worker reads one per batch): leases.ClaimPass."""
+    return ClaimPass.read()
 
 
 def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> list[Lease]:
     """Claim up to ``count`` due jobs this worker serves, queue by queue, under pauses and budgets."""
-    got: list[Lease] = []
-    if "*" in state.blocked:
-        return got
-    lease_seconds = float(settings.KOALA_LEASE_SECONDS)
-    for queue in registration.queues:
-        skip = state.skip.setdefault(queue, list(state.skip.get("*", [])))
-        if not state.gated and queue not in state.blocked:
-            # No budget gates claims: the whole request in one statement (one commit).
-            got += leases.claim_next_many(
-                queue=queue,
-                served=registration.served,
-                worker=registration.worker_id,
-                lease_seconds=lease_seconds,
-                count=count - len(got),
-                skip_kinds=skip,
-            )
-            if len(got) >= count:
-                break
-            continue
-        while len(got) < count and queue not in state.blocked:
-            try:
-                lease = leases.claim_next(
-                    queue=queue,
-                    served=registration.served,
-                    worker=registration.worker_id,
-                    lease_seconds=lease_seconds,
-                    skip_kinds=skip,
-                    gated=state.gated,
-                )
-            except ClaimBlocked as full:
-                if full.scope == Scope.KIND:
-                    skip.append(full.target)
-                else:
-                    state.blocked.add(queue)
-                continue
-            if lease is None:
-                break
-            got.append(lease)
-        if len(got) >= count:
-            break
-    return got
+    return leases.claim_from(
+        queues=registration.queues,
+        served=registration.served,
+        worker=registration.worker_id,
+        lease_seconds=float(settings.KOALA_LEASE_SECONDS),
+        count=count,
+        state=state,
+    )
 
 
 def any_due(*, queues: Sequence[str]) -> bool:
@@ -398,14 +382,9 @@ def any_due(*, queues: Sequence[str]) -> bool:
 
 
 def give_back(*, leases_: Sequence[Lease]) -> None:
-    """Release leases claimed for a request that is gone (it timed out or disconnected meanwhile)."""
-    for lease in leases_:
-        leases.release(
-            job_id=lease.job_id,
-            lease_token=lease.lease_token,
-            outcome=Outcome.INTERRUPTED,
-            message="released: the acquire request it was claimed for had ended",
-        )
+    """Release leases claimed for a request that is gone (it timed out or disconnected meanwhile):
+    never sent, so no body started and no attempt is used."""
+    transitions.give_back(leases_, why="released: the acquire request it was claimed for had ended")
 
 
 # -- heartbeat, complete, fail --------------------------------------------------------------------
@@ -433,15 +412,11 @@ def _kind(lease: Lease) -> kinds.JobKind:
 
 
 def _record(held: HeldLease, decision: outcomes.Decision, report: Report | None = None) -> str | None:
-    """Write the decision with the one mapping both runtimes use; a rejection is answered by name."""
-    planned = transition(decision, held.lease, report)
-    if planned is None:
-        return None
-    outcome, write = planned
-    rejection = write()
+    """Write the decision with the one transition writer both runtimes use; a rejection is answered by name."""
+    rejection = transitions.end_attempt(decision, held.lease, report)
     if rejection is not None:
         raise rejected(rejection)
-    return outcome
+    return transitions.outcome_of(decision)
 
 
 def _usage(usage: dict[str, Any] | None, spans: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -613,16 +588,16 @@ def fail(
     lease = held.lease
     message = message_only(message)
     if classification == "unservable":
-        earlier = Attempt.objects.filter(job_id=lease.job_id, outcome=Outcome.UNSERVABLE).count()
-        decision = outcomes.decide(outcomes.Unservable(worker=held.worker_id, earlier=earlier), lease, None)
-        return _record(held, decision) or Outcome.UNSERVABLE
+        return _record(held, transitions.unservable(lease, worker=held.worker_id)) or Outcome.UNSERVABLE
     kind = _kind(lease)
     ending: outcomes.Ending
     if classification == "released":
         # Not started, or stopped at a checkpoint: nothing is half-done, any delivery is given back.
         # Cut off mid-body: at_most_once fails instead (decide), as at an RQ worker's shutdown.
         ending = (
-            outcomes.StoppedForPause() if (safe_point or not body_started) else outcomes.Interrupted(why=outcomes.Cut.SHUTDOWN)
+            outcomes.GivenBack(why="released by the worker (shutdown or stop pause)")
+            if (safe_point or not body_started)
+            else outcomes.Interrupted(why=outcomes.Cut.SHUTDOWN)
         )
     else:
         named = {
@@ -633,12 +608,7 @@ def fail(
         label = error_class or {"retryable": "RetryableError", "step_failure": "StepFailure", "fatal": "Error"}[classification]
         ending = outcomes.Reported(classification=named, error_class=label, message=message, retry_after=retry_after)
     with redaction.bind(kind.redactor(lease.input)):
-        decision = outcomes.decide(ending, lease, kind)
-        if isinstance(decision, outcomes.Release) and classification == "released":
-            decision = outcomes.Release(
-                outcome=decision.outcome, message="released by the worker (shutdown or stop pause)", delay_seconds=0.0
-            )
-        return _record(held, decision) or ""
+        return _record(held, outcomes.decide(ending, lease, kind)) or ""
 
 
 # -- operations: the ledger over HTTP -------------------------------------------------------------
@@ -734,8 +704,10 @@ def _action_for(error: BaseException, held: HeldLease) -> dict[str, Any]:
         _record(held, decision)
         return {"action": "stop", "reason": error.reason, "message": redaction.current().text(error.detail)}
     if isinstance(error, TerminalFailure):
-        code = error.code if error.code != "terminal" else type(error).__name__
-        return {"action": "raise", "classification": "step_failure", "error_class": code, "message": str(error)}
+        # The name an RQ worker's record gives the same failure (outcomes.error_class_of): a declined
+        # charge is "TerminalFailure:declined" whichever kind of worker made the call.
+        name = outcomes.error_class_of(error)
+        return {"action": "raise", "classification": "step_failure", "error_class": name, "message": str(error)}
     if isinstance(error, Retryable):
         return {
             "action": "raise",
@@ -818,4 +790,4 @@ def settle_operation(
             data = settle_call(ctx, operation=op, perform=perform)
         except (Exception, Park) as error:
             return _action_for(error, held)
-    return {"action": "done", "result": data, "usage": dict(ctx.usage)}
+    return {"action": "done", "result": data, "usage": dict(ctx.counted)}

@@ -9,6 +9,7 @@ app_name = "api"
 urlpatterns = [
     path("workers/register", worker.register, name="register"),
     path("workers/<str:worker_id>/acquire", worker.acquire, name="acquire"),
+    path("workers/<str:worker_id>/stop", worker.stop, name="stop"),
     path("leases/<int:lease_id>/heartbeat", worker.heartbeat, name="heartbeat"),
     path("leases/<int:lease_id>/complete", worker.complete, name="complete"),
     path("leases/<int:lease_id>/fail", worker.fail, name="fail"),

@@ -12,14 +12,18 @@ must not be able to hold the engine hostage or act late:
 - ``statement_timeout``: no statement of an attempt runs longer than part of its lease.
 
 All three are shorter than the lease (system check koala.E005), set per session when Django
-opens a connection. Only the worker and beat processes install them: the web process,
-migrations and management commands keep PostgreSQL's defaults (a concurrent index build or
-a large COPY may rightly take minutes). The export stream's own read-only connection sets
-its statement timeout from the export's time limit (exports/streaming.py).
+opens a connection. The worker and beat processes bound every session (``bound_sessions``);
+the API server bounds the sessions of the threads that serve HTTP workers' calls
+(``bound_this_thread``, the hub's pool: an HTTP worker's attempt writes through them exactly as an
+RQ worker's writes through its own), while its other requests (the admin, the console, the job
+calls) keep PostgreSQL's defaults like migrations and management commands (a concurrent index
+build or a large COPY may rightly take minutes). The export stream's own read-only connection
+sets its statement timeout from the export's time limit (exports/streaming.py).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.conf import settings
@@ -54,12 +58,33 @@ def apply_bounds(connection: BaseDatabaseWrapper) -> None:
         )
 
 
+_everywhere = False  # bound_sessions(): every session of this process
+_this_thread = threading.local()  # bound_this_thread(): the sessions of the threads that asked
+
+
 def _on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    apply_bounds(connection)
+    # Django's connections are per thread and connection_created fires in the thread that opens one.
+    if _everywhere or getattr(_this_thread, "bounded", False):
+        apply_bounds(connection)
+
+
+def _listen() -> None:
+    connection_created.connect(_on_connection_created, dispatch_uid="koala-bounded-sessions")
 
 
 def bound_sessions() -> None:
     """Bound this process's database sessions from now on (new connections and open ones)."""
-    connection_created.connect(_on_connection_created, dispatch_uid="koala-bounded-sessions")
+    global _everywhere
+    _everywhere = True
+    _listen()
+    for conn in connections.all(initialized_only=True):
+        apply_bounds(conn)
+
+
+def bound_this_thread() -> None:
+    """Bound the sessions this thread opens from now on, and the one it holds (a pool thread's
+    initializer: the API server's threads that serve HTTP workers' calls)."""
+    _this_thread.bounded = True
+    _listen()
     for conn in connections.all(initialized_only=True):
         apply_bounds(conn)

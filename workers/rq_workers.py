@@ -38,16 +38,16 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection, connections, transaction
-from django.utils import timezone
+from django.db import connection, connections
 from rq import SimpleWorker, Worker, worker_registration
 from rq.exceptions import StopRequested
 from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
 from workers import kinds
-from workers.models import WorkerExit, WorkerProcess
+from workers.models import WorkerExit
 from workers.runtime import get_runtime
+from workers.services import processes
 
 log = logging.getLogger("koala.worker")
 
@@ -64,9 +64,6 @@ def default_worker_name() -> str:
     return f"{socket.gethostname()}.{os.getpid()}"
 
 
-RECENT_STARTS_KEPT = 20
-RECENT_EXITS_KEPT = 20
-
 # Redis outages: how long a worker waits between attempts to reach Redis again, in RQ's
 # dequeue loop and in Koala's restart of RQ's loop. This bounds how late an idle worker
 # resumes after Redis returns (one more connect on top); one attempt a second per worker is
@@ -80,7 +77,7 @@ LISTEN_SECONDS = 5
 
 
 class WorkerNameInUse(Exception):
-    """Another live process holds this worker name."""
+    """Another live process holds this worker name (workers.services.processes decides)."""
 
 
 class InvalidWorkerName(ValueError):
@@ -105,13 +102,9 @@ def check_worker_name(name: str) -> str | None:
     )
 
 
-def _exit_entry(at: Any, exit: WorkerExit, pid: int, detail: str) -> dict[str, Any]:
-    return {"at": at.isoformat(), "exit": str(exit), "pid": pid, "detail": detail}
-
-
 class _Presence:
     """Keeps the WorkerProcess row fresh from a thread of the worker's main process, and
-    records how the process ended."""
+    records how the process ended (through workers.services.processes, the rows' one writer)."""
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -119,39 +112,19 @@ class _Presence:
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        now = timezone.now()
-        hostname, pid = socket.gethostname(), os.getpid()
-        with transaction.atomic():
-            # FOR UPDATE: two processes starting under one name decide one after the other.
-            row = WorkerProcess.objects.select_for_update().filter(name=self.worker.name).first()
-            starts = [*(row.recent_starts if row is not None else []), now.isoformat()][-RECENT_STARTS_KEPT:]
-            exits = list(row.recent_exits) if row is not None else []
-            if row is not None and row.exit == WorkerExit.RUNNING and row.stopped_at is None:
-                # The previous holder of the name recorded no exit. Either it still runs (a
-                # real clash: refuse before touching its row) or it died without a word
-                # (kill -9, OOM, power loss): record that death, dated by its last sign of life.
-                if _holder_alive(row, hostname=hostname, now=now):
-                    raise WorkerNameInUse(
-                        f"worker name {self.worker.name!r} is held by live pid {row.pid} on {row.hostname}; "
-                        "choose another --name or stop that worker"
-                    )
-                exits.append(_exit_entry(row.last_seen_at, WorkerExit.DIED, row.pid, "recorded no exit"))
-            WorkerProcess.objects.update_or_create(
+        hostname = socket.gethostname()
+        try:
+            processes.start(
                 name=self.worker.name,
-                defaults={
-                    "hostname": hostname,
-                    "pid": pid,
-                    "queues": self.worker.queue_names(),
-                    "kinds": [k.key for k in kinds.runnable()],
-                    "worker_class": type(self.worker).__name__,
-                    "started_at": now,
-                    "last_seen_at": now,
-                    "stopped_at": None,
-                    "recent_starts": starts,
-                    "exit": WorkerExit.RUNNING,
-                    "recent_exits": exits[-RECENT_EXITS_KEPT:],
-                },
+                hostname=hostname,
+                pid=os.getpid(),
+                queues=self.worker.queue_names(),
+                kinds=[k.key for k in kinds.runnable()],
+                worker_class=type(self.worker).__name__,
+                this_host=hostname,
             )
+        except processes.WorkerNameInUse as exc:
+            raise WorkerNameInUse(str(exc)) from None
         # The parent must hold no connection when it forks; the thread uses its own.
         connection.close()
         self.thread = threading.Thread(target=self._loop, name="koala-presence", daemon=True)
@@ -162,9 +135,7 @@ class _Presence:
         try:
             while not self.stop.wait(interval):
                 try:
-                    # pid: a process that was frozen while a successor took its name over must
-                    # not make the successor's row look alive.
-                    WorkerProcess.objects.filter(name=self.worker.name, pid=os.getpid()).update(last_seen_at=timezone.now())
+                    processes.touch(names=[self.worker.name], pid=os.getpid())
                 except Exception as exc:  # the database may be away for a while; keep trying
                     log.warning("worker presence update failed: %s", type(exc).__name__)
                     connection.close()
@@ -175,49 +146,12 @@ class _Presence:
         """Record how this process ended. Runs before the worker logs anything more: a log
         write is the one thing here that an outside event (a gone pipe) can make fail."""
         self.stop.set()
-        now = timezone.now()
         try:
-            with transaction.atomic():
-                # Only our own, still-running row: if a later start already took the name over
-                # (it found us silent and recorded a death), this process must not undo that.
-                row = (
-                    WorkerProcess.objects.select_for_update()
-                    .filter(name=self.worker.name, pid=os.getpid(), exit=WorkerExit.RUNNING)
-                    .first()
-                )
-                if row is None:
-                    return
-                row.exit = exit
-                row.stopped_at = row.last_seen_at = now
-                row.recent_exits = [*row.recent_exits, _exit_entry(now, exit, row.pid, detail)][-RECENT_EXITS_KEPT:]
-                row.save(update_fields=["exit", "stopped_at", "last_seen_at", "recent_exits"])
+            processes.finish(name=self.worker.name, pid=os.getpid(), exit=exit, detail=detail)
         except Exception as exc:  # the database is away: the next start under this name records a death
             log.warning("worker %s: could not record its exit (%s)", self.worker.name, type(exc).__name__)
         finally:
             connection.close()
-
-
-def _holder_alive(row: WorkerProcess, *, hostname: str, now: Any) -> bool:
-    """Whether the process a not-stopped row names may still run.
-
-    On this host the pid answers (the rule register_birth applies to RQ's key); elsewhere
-    only a fresh heartbeat can say so.
-    """
-    if row.hostname == hostname:
-        return _pid_alive(row.pid)
-    return (now - row.last_seen_at).total_seconds() <= WorkerProcess.silent_after_seconds()
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # our own pid, held by an earlier incarnation (pids repeat in containers)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 class KoalaWorkerMixin:
@@ -352,7 +286,7 @@ class KoalaWorkerMixin:
         key = self.key  # type: ignore[attr-defined]
         holder = conn.hmget(key, "hostname", "pid", "death")
         host, pid, death = (v.decode() if isinstance(v, bytes) else v for v in holder)
-        if host is not None and death is None and host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+        if host is not None and death is None and host == socket.gethostname() and pid and not processes.pid_alive(int(pid)):
             log.warning("worker %s: taking over the name from dead pid %s", self.name, pid)  # type: ignore[attr-defined]
             with conn.pipeline() as pipeline:
                 worker_registration.unregister(self, pipeline)  # type: ignore[arg-type]

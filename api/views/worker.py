@@ -1,4 +1,5 @@
-"""The five worker calls and the ledger's two, as async views: parse, authenticate, call api.protocol.
+"""The worker calls (register, acquire, heartbeat, complete, fail, and stop), and the ledger's two,
+as async views: parse, authenticate, call api.protocol.
 
 Async because acquire holds its request open for up to a minute: under the ASGI server a waiting
 worker costs a future, not a thread. Every database call runs in the hub's thread pool
@@ -137,6 +138,7 @@ def register(request: HttpRequest, principal: Principal, data: dict[str, Any]) -
         concurrency=concurrency,
         sdk=sdk,
     )
+    hub().announce("start", registration.worker_id)
     return JsonResponse(
         {
             "worker_id": registration.worker_id,
@@ -197,6 +199,15 @@ async def acquire(request: HttpRequest, worker_id: str) -> HttpResponse:
     if not got:
         return HttpResponse(status=204)
     return JsonResponse({"leases": [protocol.lease_payload(lease, worker_id=worker_id) for lease in got]})
+
+
+@worker_call
+def stop(request: HttpRequest, principal: Principal, data: dict[str, Any], worker_id: str) -> HttpResponse:
+    """The worker stops: its waiting acquire answers 204 now; its exit is recorded once it holds no lease."""
+    reason = http.text(data, "reason", required=False, max_length=200)
+    stopped = protocol.stop(worker_id=worker_id, key_prefix=principal.prefix, reason=reason)
+    hub().announce("stop", worker_id)
+    return JsonResponse({"worker_id": worker_id, "held": stopped.held, "exited": stopped.exited})
 
 
 @worker_call

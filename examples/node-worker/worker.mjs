@@ -1,6 +1,8 @@
 // A Koala worker in plain Node.js (20+): global fetch, no dependencies, no SDK.
-// It speaks the five calls of docs/worker-api.md: register, acquire (long-poll), heartbeat,
-// complete, fail; and handles the four 409 reasons each by name.
+// It speaks the calls of docs/worker-api.md: register, acquire (long-poll), heartbeat,
+// complete, fail and stop; and handles the four 409 reasons each by name. On SIGTERM it calls
+// stop, which answers its open acquire at once (nothing more is handed out), lets running bodies
+// finish until the deadline, and calls stop again, which records its exit.
 //
 //   KOALA_URL=http://127.0.0.1:8000 KOALA_API_KEY=kk_... KOALA_KINDS=echo@1 node worker.mjs
 //
@@ -202,10 +204,33 @@ async function shutDown() {
     entry.reported = true;
     await report(entry.lease, "fail", { classification: "released", error_class: "Released", message: "shutting down", body_started: entry.started, safe_point: false });
   }
+  const answer = await stopCall("stopped");
+  log(`exit ${answer?.exited ? "recorded" : "not recorded"}`);
 }
 
-process.on("SIGTERM", () => { if (!stopping) { log("SIGTERM: stopping"); stopping = true; stopPoll.abort(); slotFreed(); } });
-process.on("SIGINT", () => { if (!stopping) { stopping = true; stopPoll.abort(); slotFreed(); } });
+// The stop call: Koala answers this worker's open acquire at once (with no lease) and records its
+// exit once it holds no lease. Without an answer (an old server, Koala away), the long-poll is cut
+// here instead, which is safe too: Koala gives back whatever it claimed for a request that left.
+async function stopCall(reason) {
+  if (!workerId) return null;
+  try {
+    return await call(`/api/v1/workers/${encodeURIComponent(workerId)}/stop`, { reason }, { timeoutMs: 5_000 });
+  } catch (err) {
+    log(`stop call: ${err.message}`);
+    return null;
+  }
+}
+
+function onSignal(name) {
+  if (stopping) return;
+  log(`${name}: stopping`);
+  stopping = true;
+  slotFreed();
+  stopCall(name).then((answer) => { if (!answer) stopPoll.abort(); });
+}
+
+process.on("SIGTERM", () => onSignal("SIGTERM"));
+process.on("SIGINT", () => onSignal("SIGINT"));
 
 try {
   await serve();

@@ -36,7 +36,7 @@ class ApiServer:
     def __init__(self, tmp_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.tmp_path = tmp_path
-        self.env = worker_env(**API_ENV, **(env or {}))
+        self.env = worker_env(**{**API_ENV, **(env or {})})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

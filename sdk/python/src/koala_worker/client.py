@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from koala_worker.errors import ApiError, Reason, Rejected, Unavailable
-from koala_worker.lease import HeartbeatAnswer, Lease, Registration, parse_leases
+from koala_worker.lease import HeartbeatAnswer, Lease, Registration, StopAnswer, parse_leases
 
 SDK = "koala-worker-python/0.1"
 # A kept-alive connection idle longer than this is dropped before use: servers close idle
@@ -159,6 +159,14 @@ class Client:
         if status == 204 or answer is None:
             return []
         return parse_leases(answer)
+
+    def stop(self, worker_id: str, *, reason: str = "") -> StopAnswer:
+        """This worker stops: Koala answers its open acquire at once (with no lease) and records its
+        exit once it holds no lease (``exited``); call again after the last body ended."""
+        body = {"reason": reason} if reason else {}
+        _, answer = self.request("POST", f"/api/v1/workers/{urllib.parse.quote(worker_id, safe='')}/stop", body)
+        answer = answer if isinstance(answer, dict) else {}
+        return StopAnswer(held=int(answer.get("held") or 0), exited=bool(answer.get("exited")))
 
     def _lease_call(self, lease: Lease, what: str, worker_id: str, body: dict[str, Any], timeout: float | None = None) -> Any:
         payload = {"worker_id": worker_id, "lease_token": lease.lease_token, **body}

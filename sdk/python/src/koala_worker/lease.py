@@ -148,3 +148,11 @@ class HeartbeatAnswer:
             cancel=bool(raw.get("cancel")),
             reason=reason if isinstance(reason, str) else None,
         )
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    """The stop call's answer: the leases the worker still holds, and whether its exit is recorded."""
+
+    held: int
+    exited: bool

@@ -138,6 +138,7 @@ class Worker:
         self._beat_wake = threading.Event()
         self._serve_thread: int | None = None
         self._deadline: float | None = None
+        self._stop_reason = ""
         self.hostname = socket.gethostname()
 
     # -- what it serves --------------------------------------------------------------------
@@ -388,15 +389,20 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stop()") -> None:
         """Stop acquiring, ask running bodies to stop, give back what is still held at the deadline.
 
-        Safe from a signal handler: it only sets an event; the worker's own threads do the rest.
+        Safe from a signal handler: it only sets an event; the worker's own threads do the rest
+        (the stop call ends the open long-poll at once, so an idle worker returns in well under a
+        second; a busy one as soon as its bodies finish, or at the deadline).
         """
+        self._stop_reason = self._stop_reason or reason
         self._stopping.set()
 
     def _supervise(self) -> None:
-        """At a stop: tell running bodies at once, and cut a long-poll still open at the deadline."""
+        """At a stop: tell Koala (which answers the open long-poll at once, handing out nothing
+        more), tell running bodies, and cut a long-poll still open at the deadline (a server
+        without the stop call)."""
         self._stopping.wait()
         if self._done.is_set():
             return
@@ -406,11 +412,22 @@ class Worker:
             self._cond.notify_all()
         for run in running:
             run.request_stop()
-        # The acquire open now is left to answer (within poll_seconds): cutting it could lose
-        # leases Koala has just granted, which an at_most_once kind would then fail as orphaned.
-        # Only at the deadline is it cut.
+        self._announce_stop()
+        # The acquire open now is answered by Koala (204, or the leases it had already granted,
+        # which an at_most_once kind must not lose): it is cut only at the deadline.
         if not self._done.wait(self.shutdown_deadline) and self._serve_thread is not None:
             self.client.abort(self._serve_thread)
+
+    def _announce_stop(self) -> bool:
+        """The stop call: True once Koala has recorded this worker's exit (it holds no lease)."""
+        if not self.worker_id:
+            return False
+        try:
+            answer = self.client.stop(self.worker_id, reason=self._stop_reason)
+        except ApiError as exc:
+            log.warning("koala: stop call for %s: %s", self.worker_id, exc)
+            return False
+        return answer.exited
 
     def held(self) -> int:
         with self._cond:
@@ -422,7 +439,7 @@ class Worker:
         previous: Any = None
         in_main = threading.current_thread() is threading.main_thread()
         if in_main:
-            previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.stop())
+            previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.stop("SIGTERM"))
         try:
             self._register()
             threads = [threading.Thread(target=self._pool, name=f"koala-body-{i}", daemon=True) for i in range(self.concurrency)]
@@ -433,7 +450,7 @@ class Worker:
             try:
                 self._acquire_loop()
             except KeyboardInterrupt:
-                self._stopping.set()
+                self.stop("KeyboardInterrupt")
             self._shut_down()
         finally:
             self._done.set()
@@ -498,4 +515,11 @@ class Worker:
             # Still running at the deadline: give the lease back; whatever the body does now is not reported.
             if run.claim_report():
                 self._release(run, body_started=run.started, safe_point=False)
-        log.info("koala: worker %s stopped (%d lease(s) given back at the deadline)", self.worker_id, len(left))
+        # Every lease is reported or given back: the stop call now records the exit.
+        exited = self._announce_stop()
+        log.info(
+            "koala: worker %s stopped (%d lease(s) given back at the deadline; exit %s)",
+            self.worker_id,
+            len(left),
+            "recorded" if exited else "not recorded",
+        )
