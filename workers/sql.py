@@ -760,3 +760,14 @@ DASHBOARD_HOURLY_RETRIES_AND_COST = """
             FROM workers_operation WHERE settled_at >= %(since)s AND settled_at <= %(now)s AND cost_minor IS NOT NULL
             GROUP BY hour
             """
+
+# -- people deciding a review (reviews.services) -----------------------------------------------------
+
+# Lock the job row of review %s, first (FOR UPDATE OF j: the job's row, not the review's). Lock
+# order: job, then review, as cancel_job (which withdraws the job's reviews) and the expiry do;
+# deciding the review first and touching the job after would deadlock against a concurrent
+# cancel. Holding the job also keeps the state the decision's UPDATE tests (parked waiting for
+# review) true until the caller commits.
+LOCK_JOB_OF_REVIEW = (
+    "SELECT j.id FROM workers_job j JOIN reviews_reviewrequest r ON r.job_id = j.id WHERE r.id = %s FOR UPDATE OF j"
+)
