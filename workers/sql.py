@@ -771,3 +771,23 @@ DASHBOARD_HOURLY_RETRIES_AND_COST = """
 LOCK_JOB_OF_REVIEW = (
     "SELECT j.id FROM workers_job j JOIN reviews_reviewrequest r ON r.job_id = j.id WHERE r.id = %s FOR UPDATE OF j"
 )
+
+# -- settling exports the engine ended (exports.services.settle_exports) ---------------------------
+
+# Copy the outcome the engine decided on its own (attempts exhausted, orphaned, a job cancelled
+# with koala_cancel) into every export still queued or running whose job has failed or been
+# cancelled ({only}: every export, or those in %(ids)s; filled below with constants only).
+# exports.selectors._as_settled shows an export as this will store it: keep the two in step
+# (tests/integration/test_exports_reads.py compares them).
+_SETTLE_EXPORTS = """
+UPDATE exports_export e
+SET state = j.state,
+    failure_code = CASE WHEN j.state = 'failed' THEN COALESCE(j.failure_reason, 'failed') ELSE '' END,
+    error_message = LEFT(j.error_message, 500),
+    finished_at = COALESCE(j.finished_at, now()),
+    updated_at = now()
+FROM workers_job j
+WHERE e.job_id = j.id AND e.state IN ('queued', 'running') AND j.state IN ('failed', 'cancelled') {only}
+"""
+SETTLE_EXPORTS = _SETTLE_EXPORTS.format(only="")
+SETTLE_EXPORTS_BY_ID = _SETTLE_EXPORTS.format(only="AND e.id = ANY(%(ids)s)")
