@@ -1,8 +1,14 @@
-"""The engine's hand-written SQL: every statement the workers app writes by hand, by name.
+"""The hand-written SQL of the engine's tables, by name: every statement that reads or writes a
+``workers_*`` table, the engine's own and those of the apps above it (the console's dashboard,
+reviews, exports: a section each, at the end, naming its caller).
 
 Where a statement lives: here, as a named constant with a one-line purpose, next to the why
 of its shape (planner notes, lock order). Its caller (a service in workers/services/, the
-ledger, the session bounds) executes it and owns the transaction. The ORM does everything
+ledger, the session bounds; above the engine, a selector or service of the app) executes it
+and owns the transaction. A statement that touches an engine table lives here even when it
+also touches an app's (``SETTLE_EXPORTS``, ``LOCK_JOB_OF_REVIEW``); one that touches only its
+app's own tables lives in that app's ``sql.py`` (``exports/sql.py``, ``reviews/sql.py``), under
+the rules below. tests/unit/test_sql_home.py holds every app to this. The ORM does everything
 else; SQL is written by hand where one statement must decide (a conditional UPDATE whose row
 count is the decision) or where the ORM would need several round trips per job.
 
@@ -14,7 +20,11 @@ Rules, so a reader can trust every statement at a glance:
   this module is imported: each statement's text is fixed before any request arrives (the
   ``# noqa: S608`` on those lines says so);
 - text built at call time comes only from a fixed whitelist (``COUNT_RUNNING_IN_SCOPE``) or a
-  repeat count (``insert_jobs``), each said where it is built.
+  repeat count (``insert_jobs``), each said where it is built;
+- a caller hands the cursor ``sql.NAME`` itself (``from workers import sql``; an app's own
+  home imported as, e.g., ``reviews_sql``), never a copy of its text, so the guard can follow
+  the name to its home. The few exceptions (devtools' administrative SQL on the embedded
+  server, statements another branch is moving) are listed with their reasons in the guard.
 
 The one strict fence is ``HOLD_LEASE`` (``leases.hold_lease``): every attempt-side write to a
 table other than ``workers_job`` runs it first in its transaction. Every write *to*
