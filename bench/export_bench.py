@@ -132,7 +132,7 @@ def literal_select(account_id: int) -> str:
     """The export's SELECT with its values inlined, for COPY and psql's \\copy."""
     import psycopg
 
-    from exports.query import select_sql
+    from exports.sql import select_sql
     from exports.streaming import connection_params
 
     select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
@@ -161,7 +161,7 @@ def sha256_file(path: Path) -> str:
 
 
 def run_baseline(select: str, out: Path) -> Run:
-    from exports.query import copy_sql
+    from exports.sql import copy_sql
 
     info, env = conninfo()
     done = subprocess.run(
@@ -290,7 +290,7 @@ class Timer:
 
 def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
     """exports.streaming.CopyReader: one COPY, libpq rows, the collector paused (what the job uses)."""
-    from exports.query import copy_sql, select_sql
+    from exports.sql import copy_sql, select_sql
     from exports.streaming import CopyReader
 
     select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
@@ -308,7 +308,7 @@ def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
 def _psycopg_copy(account_id: int, out: Path, batch: int, *, pause_collector: bool) -> int:
     import psycopg
 
-    from exports.query import copy_sql, select_sql
+    from exports.sql import copy_sql, select_sql
     from exports.streaming import connection_params
 
     select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
@@ -351,7 +351,7 @@ def approach_keyset_copy(account_id: int, out: Path, batch: int) -> int:
     """A keyset-bounded COPY per batch: find the batch's last (occurred_at, id), COPY up to it."""
     import psycopg
 
-    from exports.query import COLUMNS, window
+    from exports.sql import COLUMNS, window
     from exports.streaming import CopyReader, connection_params
 
     start, end = window(date_from=YEAR[0], date_to=YEAR[1])
@@ -395,7 +395,7 @@ def approach_cursor_csv(account_id: int, out: Path, batch: int) -> int:
     """A server-side cursor fetching batches of rows; Python's csv module writes them."""
     import psycopg
 
-    from exports.query import COLUMNS, select_sql
+    from exports.sql import COLUMNS, select_sql
     from exports.streaming import connection_params
 
     select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
@@ -415,7 +415,7 @@ def approach_keyset_select_csv(account_id: int, out: Path, batch: int) -> int:
     """Keyset-paginated SELECTs (WHERE (occurred_at, id) > last LIMIT n); the csv module writes them."""
     import psycopg
 
-    from exports.query import COLUMNS, window
+    from exports.sql import COLUMNS, window
     from exports.streaming import connection_params
 
     start, end = window(date_from=YEAR[0], date_to=YEAR[1])

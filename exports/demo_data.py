@@ -16,6 +16,7 @@ from datetime import date, timedelta
 
 from django.db import connection, transaction
 
+from exports import sql
 from exports.models import Account
 
 DEMO_ACCOUNTS = [
@@ -47,9 +48,6 @@ DETAILS = [
     "query=invoices 2026",
     "note=ok",
 ]
-COPY_SQL = (
-    "COPY exports_event (account_id, occurred_at, event_type, user_ref, amount_minor, currency, country, detail) FROM STDIN"
-)
 CHUNK_ROWS = 50_000
 DEFAULT_START = date(2026, 1, 1)
 USERS_PER_ACCOUNT = 5_000
@@ -86,7 +84,7 @@ def ensure_demo_accounts(*, count: int) -> list[Account]:
 def clear_events() -> None:
     """Remove every event (the demo data set only; exports keep their published objects)."""
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE exports_event")
+        cursor.execute(sql.TRUNCATE_EVENTS)
 
 
 def _tails(rng: random.Random, size: int) -> list[str]:
@@ -128,7 +126,7 @@ def generate_events(
     span = days * 86_400
     step = span / rows if rows else 0.0
     started = time.monotonic()
-    with transaction.atomic(), connection.cursor() as cursor, cursor.copy(COPY_SQL) as copy:
+    with transaction.atomic(), connection.cursor() as cursor, cursor.copy(sql.COPY_EVENTS_IN) as copy:
         written = 0
         while written < rows:
             n = min(CHUNK_ROWS, rows - written)
@@ -146,5 +144,5 @@ def generate_events(
             copy.write("".join(lines))
             written += n
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE exports_event")
+        cursor.execute(sql.ANALYZE_EVENTS)
     return GeneratedData(rows=rows, accounts=account_ids, start=start, days=days, seconds=time.monotonic() - started)

@@ -33,8 +33,8 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
+from exports import sql
 from exports.models import Export, ExportFormat, ExportState
-from exports.query import copy_sql, select_sql
 from exports.services import can_access_account, job_key_for
 from exports.signals import export_batch, export_phase
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for
@@ -188,7 +188,7 @@ class ExportAttempt:
             raise TerminalFailure(
                 f"the export reached its time limit of {export.time_limit_seconds:g}s", code="time_limit_exceeded"
             )
-        select, params = select_sql(
+        select, params = sql.select_sql(
             account_id=export.account_id, date_from=export.date_from, date_to=export.date_to, limit=export.max_rows + 1
         )
         key = temp_key_for(export.pk, self.ctx.lease.lease_token)
@@ -200,7 +200,7 @@ class ExportAttempt:
         self._phase("streaming")
         try:
             with CopyReader(
-                statement=copy_sql(select),
+                statement=sql.copy_sql(select),
                 params=params,
                 batch_rows=settings.KOALA_EXPORT_BATCH_ROWS,
                 waiting=self.ctx.waiting,

@@ -6,7 +6,7 @@ An export whose job the engine ended on its own (attempts exhausted, orphaned, a
 with ``koala_cancel``) is stored as queued or running until the beat's exports task settles it
 (``exports.services.settle_exports``, every tick). A read does not wait for that, nor write it:
 it shows the export as that settling will store it (``_as_settled``, the same rule as the
-statement in ``exports.query``).
+statement ``workers.sql.SETTLE_EXPORTS``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _with_job_outcome(exports: QuerySet[Export]) -> QuerySet[Export]:
 def _as_settled(export: Export) -> Export:
     """``export`` as settle_exports will store it: a queued or running export whose job failed
     or was cancelled takes the job's outcome (in memory only: never saved). Keep in step with
-    exports.query._SETTLE_EXPORTS (tests/integration/test_exports_reads.py compares the two)."""
+    workers.sql._SETTLE_EXPORTS (tests/integration/test_exports_reads.py compares the two)."""
     job_state = getattr(export, "job_state_now", None)
     if export.state in _UNSETTLED and job_state in _ENGINE_ENDED:
         export.state = job_state

@@ -20,12 +20,12 @@ from django.utils import timezone
 
 from exports.errors import ExportError, ExportNotFound, ExportNotReady, ExportObjectMissing, ExportPermissionDenied
 from exports.models import EXPORT_TERMINAL_STATES, Account, Export, ExportFormat, ExportState
-from exports.query import SETTLE_EXPORTS, SETTLE_EXPORTS_BY_ID
 from exports.selectors import Person, can_access_account, get_export
 from exports.selectors import username as _username
 from exports.storage import ExportStore, ObjectMissing, output_key_for
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
+from workers import sql
 from workers.errors import JobStateError
 from workers.models import Job
 from workers.services.jobs import cancel_job, enqueue
@@ -235,9 +235,9 @@ def settle_exports(*, export_ids: list[int] | None = None) -> int:
     with koala_cancel) into their exports. One conditional UPDATE; safe to run anywhere, any time."""
     with connection.cursor() as cursor:
         if export_ids is None:
-            cursor.execute(SETTLE_EXPORTS)
+            cursor.execute(sql.SETTLE_EXPORTS)
         else:
-            cursor.execute(SETTLE_EXPORTS_BY_ID, {"ids": export_ids})
+            cursor.execute(sql.SETTLE_EXPORTS_BY_ID, {"ids": export_ids})
         return cursor.rowcount
 
 

@@ -25,7 +25,9 @@ from django.utils import timezone
 
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
+from reviews import sql as reviews_sql
 from reviews.models import ReviewRequest, ReviewState
+from workers import sql
 from workers.errors import SafetyError
 from workers.models import FailureReason, Job, JobState, ParkReason
 from workers.services.jobs import fail_parked, unpark_jobs
@@ -68,19 +70,11 @@ def decision_blocker(*, review: ReviewRequest, actor: str, approving: bool = Tru
 def consume_approval(*, job_id: int, operation_key: str, digest: str) -> bool:
     """Use an approval for exactly this action, if one is usable. Caller holds the transaction."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE reviews_reviewrequest SET state = 'used', used_at = now() "
-            "WHERE job_id = %s AND operation_key = %s AND digest = %s AND state = 'approved' AND expires_at > now() "
-            "RETURNING id",
-            [job_id, operation_key, digest],
-        )
+        cursor.execute(reviews_sql.USE_APPROVAL, [job_id, operation_key, digest])
         if cursor.fetchone():
             return True
         # Already used for this very action: a re-send under the same key is the same action.
-        cursor.execute(
-            "SELECT 1 FROM reviews_reviewrequest WHERE job_id = %s AND operation_key = %s AND digest = %s AND state = 'used'",
-            [job_id, operation_key, digest],
-        )
+        cursor.execute(reviews_sql.APPROVAL_USED, [job_id, operation_key, digest])
         return cursor.fetchone() is not None
 
 
@@ -158,10 +152,7 @@ def _lock_job_of(review_id: int) -> None:
     job after would deadlock against a concurrent cancel. Holding the job also keeps the state
     the decision's UPDATE tests (parked waiting for review) true until we commit."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT j.id FROM workers_job j JOIN reviews_reviewrequest r ON r.job_id = j.id WHERE r.id = %s FOR UPDATE OF j",
-            [review_id],
-        )
+        cursor.execute(sql.LOCK_JOB_OF_REVIEW, [review_id])
 
 
 def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRequest:

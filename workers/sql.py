@@ -1,8 +1,14 @@
-"""The engine's hand-written SQL: every statement the workers app writes by hand, by name.
+"""The hand-written SQL of the engine's tables, by name: every statement that reads or writes a
+``workers_*`` table, the engine's own and those of the apps above it (the console's dashboard,
+reviews, exports: a section each, at the end, naming its caller).
 
 Where a statement lives: here, as a named constant with a one-line purpose, next to the why
 of its shape (planner notes, lock order). Its caller (a service in workers/services/, the
-ledger, the session bounds) executes it and owns the transaction. The ORM does everything
+ledger, the session bounds; above the engine, a selector or service of the app) executes it
+and owns the transaction. A statement that touches an engine table lives here even when it
+also touches an app's (``SETTLE_EXPORTS``, ``LOCK_JOB_OF_REVIEW``); one that touches only its
+app's own tables lives in that app's ``sql.py`` (``exports/sql.py``, ``reviews/sql.py``), under
+the rules below. tests/unit/test_sql_home.py holds every app to this. The ORM does everything
 else; SQL is written by hand where one statement must decide (a conditional UPDATE whose row
 count is the decision) or where the ORM would need several round trips per job.
 
@@ -14,7 +20,11 @@ Rules, so a reader can trust every statement at a glance:
   this module is imported: each statement's text is fixed before any request arrives (the
   ``# noqa: S608`` on those lines says so);
 - text built at call time comes only from a fixed whitelist (``COUNT_RUNNING_IN_SCOPE``) or a
-  repeat count (``insert_jobs``), each said where it is built.
+  repeat count (``insert_jobs``), each said where it is built;
+- a caller hands the cursor ``sql.NAME`` itself (``from workers import sql``; an app's own
+  home imported as, e.g., ``reviews_sql``), never a copy of its text, so the guard can follow
+  the name to its home. The few exceptions (devtools' administrative SQL on the embedded
+  server, statements another branch is moving) are listed with their reasons in the guard.
 
 The one strict fence is ``HOLD_LEASE`` (``leases.hold_lease``): every attempt-side write to a
 table other than ``workers_job`` runs it first in its transaction. Every write *to*
@@ -660,3 +670,192 @@ SESSION_BOUNDS = (
     "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false), "
     "set_config('idle_in_transaction_session_timeout', %s, false)"
 )
+
+# -- the console's dashboard (console.selectors.dashboard) -------------------------------------------
+#
+# Every figure of the page is one bounded index read, whatever the table holds (issue 9, scenario
+# 7): the queue list is a loose index scan (one descent per queue), each live count stops at the
+# cap it is given (%(cap)s), the oldest due job is the first entry of its queue's range, and the
+# percentiles are over the newest %(sample)s attempts. The texts below are byte for byte those the
+# page ran when tests/integration/test_query_plans.py and bench/scale.py measured them (their
+# indentation included: they were written inside the functions that run them).
+
+# For the rest of the dashboard's transaction (SET LOCAL): no JIT, no parallel workers.
+#
+# Planner note. Every statement of the page is a bounded index read of a few thousand entries at
+# most: at a million jobs the planner's row guesses for the LATERAL/recursive walks still crossed
+# jit_above_cost (18 ms of JIT compile for a 25 ms read) and launched parallel workers (35 ms to
+# start them on a busy host) for 15 ms of work.
+DASHBOARD_SESSION = "SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)"
+
+# Jobs finished in the window [%(day)s, %(now)s] as (queue, hour, finished since %(hour)s,
+# succeeded, failed): one index-only read of the window on job_finished_cover_idx (its entries
+# carry state and queue) that serves both the per-queue completions and the hourly charts.
+DASHBOARD_FINISHED_JOBS = """
+            SELECT queue, date_trunc('hour', finished_at) AS hour, finished_at >= %(hour)s AS last_hour,
+                   count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'failed')
+            FROM workers_job WHERE finished_at >= %(day)s AND finished_at <= %(now)s
+            GROUP BY 1, 2, 3
+            """
+
+# The queues that hold any job, walked on job_queue_state_list_idx (queue leading) one queue
+# at a time, as the dispatcher's DISPATCH_DUE does, instead of a DISTINCT over the table.
+_DASHBOARD_QUEUES = """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+"""
+
+# Per queue: capped counts (depth, due at %(now)s, running, parked; each stops at %(cap)s), each
+# a range of at most cap entries of job_queue_state_list_idx (depth, running, parked: queue and
+# state lead it) or job_queued_due_idx (due: queue, then scheduled_at <= now); the oldest due job
+# (id, scheduled_at) is the first entry of that same range.
+DASHBOARD_LIVE_COUNTS = (
+    _DASHBOARD_QUEUES  # noqa: S608 (a constant CTE in front of a constant query; values are bound)
+    + """
+SELECT q.queue,
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = q.queue LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job
+        WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'running' AND queue = q.queue LIMIT %(cap)s) t),
+    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'parked' AND queue = q.queue LIMIT %(cap)s) t),
+    o.id, o.scheduled_at
+FROM queues q
+LEFT JOIN LATERAL (
+    SELECT id, scheduled_at FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
+    ORDER BY scheduled_at, id LIMIT 1
+) o ON true
+WHERE q.queue IS NOT NULL
+"""
+)
+
+# One statement, two samples (one round trip), as (what, queue, p50, p95, sample size):
+# - queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
+#   start of its latest attempt (the one holding the job's current lease token), over the
+#   newest %(sample)s attempts started in the window (attempt_started_idx, backwards);
+# - run time: the newest %(sample)s attempts that finished in the window (attempt_finished_idx,
+#   backwards), except unservable/parked hand-backs that ran nothing.
+DASHBOARD_WAIT_AND_RUN_SAMPLES = """
+            (SELECT 'wait', j.queue,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
+                   count(*)
+            FROM (
+                SELECT job_id, lease_token, started_at FROM workers_attempt
+                WHERE started_at >= %(day)s AND started_at <= %(now)s ORDER BY started_at DESC LIMIT %(sample)s
+            ) a JOIN workers_job j ON j.id = a.job_id
+            WHERE a.lease_token = j.lease_token AND j.state <> 'queued'
+            GROUP BY j.queue)
+            UNION ALL
+            (SELECT 'run', j.queue,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
+                   count(*)
+            FROM (
+                SELECT job_id, started_at, finished_at FROM workers_attempt
+                WHERE finished_at >= %(day)s AND finished_at <= %(now)s AND outcome NOT IN ('unservable', 'parked')
+                ORDER BY finished_at DESC LIMIT %(sample)s
+            ) a JOIN workers_job j ON j.id = a.job_id
+            GROUP BY j.queue)
+            """
+
+# The oldest due job's scheduled_at (due at %(now)s) of each queue with queued jobs (the
+# worker-health check's "due work"): one probe of job_queued_due_idx per queue.
+DASHBOARD_OLDEST_DUE = """
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM workers_job WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM workers_job j WHERE j.state = 'queued' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, o.scheduled_at
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT scheduled_at FROM workers_job
+    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
+    ORDER BY scheduled_at, id LIMIT 1
+) o
+WHERE q.queue IS NOT NULL
+"""
+
+# Each worker's live attempt (a process runs one at a time) as (worker, job id, started), for the
+# workers named in %s: one probe of attempt_live_worker_idx per worker, whatever the attempt
+# table holds.
+DASHBOARD_LIVE_ATTEMPTS = """
+            SELECT w.name, a.job_id, a.started_at FROM unnest(%s::text[]) AS w(name)
+            CROSS JOIN LATERAL (
+                SELECT job_id, started_at FROM workers_attempt
+                WHERE worker_id = w.name AND finished_at IS NULL LIMIT 1
+            ) a
+            """
+
+# The id of the newest attempt each worker in %s finished since %s (a RawSQL subquery of an
+# Attempt query): one descent of attempt_worker_finished_idx (worker_id, finished_at DESC) per
+# worker, not a DISTINCT ON over the day's attempts.
+DASHBOARD_LAST_FINISHED_ATTEMPTS = """
+        SELECT a.id FROM unnest(%s::text[]) AS w(name)
+        CROSS JOIN LATERAL (
+            SELECT id FROM workers_attempt
+            WHERE worker_id = w.name AND finished_at >= %s ORDER BY finished_at DESC LIMIT 1
+        ) a
+        """
+
+# The id of the newest operation each worker in %s settled since %s (a RawSQL subquery of an
+# Operation query): per worker (LATERAL, top 1) over its attempts (attempt_worker_finished_idx)
+# and their operations (the attempt_id index), not a DISTINCT ON sorting every worker's
+# operations of the day together.
+DASHBOARD_LAST_SETTLED_OPERATIONS = """
+        SELECT o.id FROM unnest(%s::text[]) AS w(name)
+        CROSS JOIN LATERAL (
+            SELECT op.id FROM workers_attempt a JOIN workers_operation op ON op.attempt_id = a.id
+            WHERE a.worker_id = w.name AND op.settled_at >= %s
+            ORDER BY op.settled_at DESC LIMIT 1
+        ) o
+        """
+
+# Retried/orphaned attempts and cost (minor units) per hour in [%(since)s, %(now)s] as
+# (what, hour, value): one statement, one round trip.
+DASHBOARD_HOURLY_RETRIES_AND_COST = """
+            SELECT 'retries', date_trunc('hour', finished_at) AS hour, count(*)::numeric
+            FROM workers_attempt WHERE finished_at >= %(since)s AND finished_at <= %(now)s AND outcome IN ('retry', 'orphaned')
+            GROUP BY hour
+            UNION ALL
+            SELECT 'cost', date_trunc('hour', settled_at) AS hour, sum(cost_minor)::numeric
+            FROM workers_operation WHERE settled_at >= %(since)s AND settled_at <= %(now)s AND cost_minor IS NOT NULL
+            GROUP BY hour
+            """
+
+# -- people deciding a review (reviews.services) -----------------------------------------------------
+
+# Lock the job row of review %s, first (FOR UPDATE OF j: the job's row, not the review's). Lock
+# order: job, then review, as cancel_job (which withdraws the job's reviews) and the expiry do;
+# deciding the review first and touching the job after would deadlock against a concurrent
+# cancel. Holding the job also keeps the state the decision's UPDATE tests (parked waiting for
+# review) true until the caller commits.
+LOCK_JOB_OF_REVIEW = (
+    "SELECT j.id FROM workers_job j JOIN reviews_reviewrequest r ON r.job_id = j.id WHERE r.id = %s FOR UPDATE OF j"
+)
+
+# -- settling exports the engine ended (exports.services.settle_exports) ---------------------------
+
+# Copy the outcome the engine decided on its own (attempts exhausted, orphaned, a job cancelled
+# with koala_cancel) into every export still queued or running whose job has failed or been
+# cancelled ({only}: every export, or those in %(ids)s; filled below with constants only).
+# exports.selectors._as_settled shows an export as this will store it: keep the two in step
+# (tests/integration/test_exports_reads.py compares them).
+_SETTLE_EXPORTS = """
+UPDATE exports_export e
+SET state = j.state,
+    failure_code = CASE WHEN j.state = 'failed' THEN COALESCE(j.failure_reason, 'failed') ELSE '' END,
+    error_message = LEFT(j.error_message, 500),
+    finished_at = COALESCE(j.finished_at, now()),
+    updated_at = now()
+FROM workers_job j
+WHERE e.job_id = j.id AND e.state IN ('queued', 'running') AND j.state IN ('failed', 'cancelled') {only}
+"""
+SETTLE_EXPORTS = _SETTLE_EXPORTS.format(only="")
+SETTLE_EXPORTS_BY_ID = _SETTLE_EXPORTS.format(only="AND e.id = ANY(%(ids)s)")

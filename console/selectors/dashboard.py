@@ -25,6 +25,7 @@ from django.utils import timezone
 from console.charts import BarChart, bar_chart
 from console.selectors.jobs import COUNT_CAP
 from reviews.models import ReviewRequest, ReviewState
+from workers import sql
 from workers.models import (
     ABNORMAL_EXITS,
     Attempt,
@@ -142,59 +143,8 @@ def _queue_names(extra: Iterable[str]) -> list[str]:
 # the queue list is a loose index scan (one descent per queue), each live count stops at
 # COUNT_CAP (the page then says "10,000+", as the job list does), the oldest due job is the
 # first entry of its queue's range, and the percentiles are over the newest SAMPLE attempts.
+# The statements, with their planner notes, are the dashboard's section of workers/sql.py.
 SAMPLE = 2_000
-
-# The queues that hold any job, walked on job_queue_state_list_idx (queue leading) one queue
-# at a time, as the dispatcher's workers.sql.DISPATCH_DUE does, instead of a DISTINCT over the table.
-_QUEUES_CTE = """
-WITH RECURSIVE queues(queue) AS (
-    (SELECT queue FROM workers_job ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM workers_job j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues q WHERE q.queue IS NOT NULL
-)
-"""
-
-# Per queue: capped counts, each a range of at most cap entries of job_queue_state_list_idx
-# (depth, running, parked: queue and state lead it) or job_queued_due_idx (due: queue, then
-# scheduled_at <= now); the oldest due job is the first entry of that same range.
-_LIVE_SQL = (
-    _QUEUES_CTE  # noqa: S608 (a constant CTE in front of a constant query; values are bound)
-    + """
-SELECT q.queue,
-    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = q.queue LIMIT %(cap)s) t),
-    (SELECT count(*) FROM (SELECT 1 FROM workers_job
-        WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s LIMIT %(cap)s) t),
-    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'running' AND queue = q.queue LIMIT %(cap)s) t),
-    (SELECT count(*) FROM (SELECT 1 FROM workers_job WHERE state = 'parked' AND queue = q.queue LIMIT %(cap)s) t),
-    o.id, o.scheduled_at
-FROM queues q
-LEFT JOIN LATERAL (
-    SELECT id, scheduled_at FROM workers_job
-    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
-    ORDER BY scheduled_at, id LIMIT 1
-) o ON true
-WHERE q.queue IS NOT NULL
-"""
-)
-
-# The oldest due job of each queue with queued jobs (the worker-health check's "due work").
-_OLDEST_DUE_SQL = """
-WITH RECURSIVE queues(queue) AS (
-    (SELECT queue FROM workers_job WHERE state = 'queued' ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM workers_job j WHERE j.state = 'queued' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues q WHERE q.queue IS NOT NULL
-)
-SELECT q.queue, o.scheduled_at
-FROM queues q
-CROSS JOIN LATERAL (
-    SELECT scheduled_at FROM workers_job
-    WHERE state = 'queued' AND queue = q.queue AND scheduled_at <= %(now)s
-    ORDER BY scheduled_at, id LIMIT 1
-) o
-WHERE q.queue IS NOT NULL
-"""
 
 
 def _capped(value: int) -> tuple[int, bool]:
@@ -209,15 +159,7 @@ def finished_jobs(*, now: dt.datetime) -> FinishedRows:
     one index-only read of the window on job_finished_cover_idx (its entries carry state and
     queue) that serves both the per-queue completions and the hourly charts."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT queue, date_trunc('hour', finished_at) AS hour, finished_at >= %(hour)s AS last_hour,
-                   count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'failed')
-            FROM workers_job WHERE finished_at >= %(day)s AND finished_at <= %(now)s
-            GROUP BY 1, 2, 3
-            """,
-            {"day": now - DAY, "hour": now - HOUR, "now": now},
-        )
+        cursor.execute(sql.DASHBOARD_FINISHED_JOBS, {"day": now - DAY, "hour": now - HOUR, "now": now})
         return cursor.fetchall()
 
 
@@ -230,7 +172,7 @@ def queue_stats(*, now: dt.datetime, finished: FinishedRows | None = None) -> li
         return entry
 
     with connection.cursor() as cursor:
-        cursor.execute(_LIVE_SQL, {"cap": COUNT_CAP + 1, "now": now})
+        cursor.execute(sql.DASHBOARD_LIVE_COUNTS, {"cap": COUNT_CAP + 1, "now": now})
         for queue, depth, due, running, parked, oldest_id, oldest_at in cursor.fetchall():
             if not (depth or running or parked):
                 continue  # a queue that only holds old finished jobs shows if its 24 h does
@@ -251,38 +193,8 @@ def queue_stats(*, now: dt.datetime, finished: FinishedRows | None = None) -> li
                 entry.succeeded_1h += succeeded
                 entry.failed_1h += failed
 
-        # One statement, two samples (one round trip):
-        # - queue wait: from when a job was due (scheduled_at, moved by backoff and requeue) to the
-        #   start of its latest attempt (the one holding the job's current lease token), over the
-        #   newest SAMPLE attempts started in the window (attempt_started_idx, backwards);
-        # - run time: the newest SAMPLE attempts that finished in the window (attempt_finished_idx,
-        #   backwards), except unservable/parked hand-backs that ran nothing.
-        cursor.execute(
-            """
-            (SELECT 'wait', j.queue,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY GREATEST(EXTRACT(EPOCH FROM a.started_at - j.scheduled_at), 0)),
-                   count(*)
-            FROM (
-                SELECT job_id, lease_token, started_at FROM workers_attempt
-                WHERE started_at >= %(day)s AND started_at <= %(now)s ORDER BY started_at DESC LIMIT %(sample)s
-            ) a JOIN workers_job j ON j.id = a.job_id
-            WHERE a.lease_token = j.lease_token AND j.state <> 'queued'
-            GROUP BY j.queue)
-            UNION ALL
-            (SELECT 'run', j.queue,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.finished_at - a.started_at)),
-                   count(*)
-            FROM (
-                SELECT job_id, started_at, finished_at FROM workers_attempt
-                WHERE finished_at >= %(day)s AND finished_at <= %(now)s AND outcome NOT IN ('unservable', 'parked')
-                ORDER BY finished_at DESC LIMIT %(sample)s
-            ) a JOIN workers_job j ON j.id = a.job_id
-            GROUP BY j.queue)
-            """,
-            {"day": now - DAY, "now": now, "sample": SAMPLE},
-        )
+        # Queue wait and run time percentiles, two samples in one round trip (workers.sql says how).
+        cursor.execute(sql.DASHBOARD_WAIT_AND_RUN_SAMPLES, {"day": now - DAY, "now": now, "sample": SAMPLE})
         for what, queue, p50, p95, n in cursor.fetchall():
             entry = row(queue)
             if what == "wait":
@@ -296,7 +208,7 @@ def queue_stats(*, now: dt.datetime, finished: FinishedRows | None = None) -> li
 def oldest_due(*, now: dt.datetime) -> dict[str, dt.datetime]:
     """The scheduled_at of each queue's oldest due job: one probe of job_queued_due_idx per queue."""
     with connection.cursor() as cursor:
-        cursor.execute(_OLDEST_DUE_SQL, {"now": now})
+        cursor.execute(sql.DASHBOARD_OLDEST_DUE, {"now": now})
         return dict(cursor.fetchall())
 
 
@@ -350,52 +262,20 @@ def worker_health(
             times.append(process.last_seen_at)  # silent, not restarted yet: a death nobody recorded
         abnormal[(process.hostname, tuple(process.queues))] += sum(1 for t in times if t >= now - window)
 
-    # Each worker's live attempt (a process runs one at a time): one probe of
-    # attempt_live_worker_idx per worker, whatever the attempt table holds.
+    # Each worker's live attempt (a process runs one at a time): one probe per worker.
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT w.name, a.job_id, a.started_at FROM unnest(%s::text[]) AS w(name)
-            CROSS JOIN LATERAL (
-                SELECT job_id, started_at FROM workers_attempt
-                WHERE worker_id = w.name AND finished_at IS NULL LIMIT 1
-            ) a
-            """,
-            [names],
-        )
+        cursor.execute(sql.DASHBOARD_LIVE_ATTEMPTS, [names])
         live: dict[str, tuple[int, dt.datetime]] = {worker: (job_id, started) for worker, job_id, started in cursor.fetchall()}
-    # The newest finished attempt of each worker: one descent of attempt_worker_finished_idx
-    # (worker_id, finished_at DESC) per worker, not a DISTINCT ON over the day's attempts.
-    last_ids = RawSQL(
-        """
-        SELECT a.id FROM unnest(%s::text[]) AS w(name)
-        CROSS JOIN LATERAL (
-            SELECT id FROM workers_attempt
-            WHERE worker_id = w.name AND finished_at >= %s ORDER BY finished_at DESC LIMIT 1
-        ) a
-        """,
-        [names, now - DAY],
-    )
+    # The newest finished attempt of each worker: one index descent per worker.
+    last_ids = RawSQL(sql.DASHBOARD_LAST_FINISHED_ATTEMPTS, [names, now - DAY])  # noqa: S611 (a workers.sql statement; values are bound)
     last_done = {
         a.worker_id: a
         for a in Attempt.objects.filter(id__in=last_ids)
         .select_related("job")
         .only("worker_id", "finished_at", "started_at", "outcome", "job__id", "job__kind")
     }
-    # The newest settled operation of each worker: per worker (LATERAL, top 1) over its
-    # attempts (attempt_worker_finished_idx) and their operations (the attempt_id index), not a
-    # DISTINCT ON sorting every worker's operations of the day together.
-    op_ids = RawSQL(
-        """
-        SELECT o.id FROM unnest(%s::text[]) AS w(name)
-        CROSS JOIN LATERAL (
-            SELECT op.id FROM workers_attempt a JOIN workers_operation op ON op.attempt_id = a.id
-            WHERE a.worker_id = w.name AND op.settled_at >= %s
-            ORDER BY op.settled_at DESC LIMIT 1
-        ) o
-        """,
-        [names, now - DAY],
-    )
+    # The newest settled operation of each worker: per worker, top 1 over its attempts' operations.
+    op_ids = RawSQL(sql.DASHBOARD_LAST_SETTLED_OPERATIONS, [names, now - DAY])  # noqa: S611 (a workers.sql statement; values are bound)
     last_op = {
         op.attempt.worker_id: op  # type: ignore[union-attr]  # joined on the attempt: never None
         for op in Operation.objects.filter(id__in=op_ids)
@@ -543,18 +423,7 @@ def charts(
     ]
     with connection.cursor() as cursor:
         # Retried/orphaned attempts and cost per hour: one statement, one round trip.
-        cursor.execute(
-            """
-            SELECT 'retries', date_trunc('hour', finished_at) AS hour, count(*)::numeric
-            FROM workers_attempt WHERE finished_at >= %(since)s AND finished_at <= %(now)s AND outcome IN ('retry', 'orphaned')
-            GROUP BY hour
-            UNION ALL
-            SELECT 'cost', date_trunc('hour', settled_at) AS hour, sum(cost_minor)::numeric
-            FROM workers_operation WHERE settled_at >= %(since)s AND settled_at <= %(now)s AND cost_minor IS NOT NULL
-            GROUP BY hour
-            """,
-            {"since": since, "now": now},
-        )
+        cursor.execute(sql.DASHBOARD_HOURLY_RETRIES_AND_COST, {"since": since, "now": now})
         hourly = cursor.fetchall()
     retries = [(hour, value) for what, hour, value in hourly if what == "retries"]
     cost = [(hour, value) for what, hour, value in hourly if what == "cost"]
@@ -590,11 +459,9 @@ def build_dashboard(*, now: dt.datetime | None = None) -> Dashboard:
     now = now or timezone.now()
     # savepoint=False: inside a request's transaction this joins it (SET LOCAL then lasts to its end).
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-        # Every statement below is a bounded index read of a few thousand entries at most: at a
-        # million jobs the planner's row guesses for the LATERAL/recursive walks still crossed
-        # jit_above_cost (18 ms of JIT compile for a 25 ms read) and launched parallel workers
-        # (35 ms to start them on a busy host) for 15 ms of work. SET LOCAL ends with this block.
-        cursor.execute("SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)")
+        # No JIT and no parallel workers for the page's bounded index reads (workers.sql says why);
+        # SET LOCAL ends with this block.
+        cursor.execute(sql.DASHBOARD_SESSION)
         return _build(now)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.files.storage import FileSystemStorage
 
-from exports.query import COLUMNS, copy_sql, select_sql, window
+from exports.sql import COLUMNS, copy_sql, select_sql, window
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for, temp_prefix_for
 
 
@@ -32,7 +32,9 @@ def test_the_select_is_parameterised_ordered_and_optionally_limited() -> None:
     assert params == {"account": 5, "start": datetime(2026, 1, 1, tzinfo=UTC), "end": datetime(2026, 2, 1, tzinfo=UTC)}
     limited, limited_params = select_sql(account_id=5, date_from=date(2026, 1, 1), date_to=date(2026, 1, 1), limit=10)
     assert limited.endswith("ORDER BY occurred_at, id LIMIT %(limit)s") and limited_params["limit"] == 10
-    assert copy_sql("SELECT 1") == "COPY (SELECT 1) TO STDOUT WITH (FORMAT csv, HEADER)"
+    assert copy_sql(limited) == f"COPY ({limited}) TO STDOUT WITH (FORMAT csv, HEADER)"
+    with pytest.raises(ValueError, match="select_sql's statements"):
+        copy_sql("SELECT 1")  # any other text: the COPY wraps only the export's own selects
 
 
 def test_keys_derive_from_the_export_and_the_attempt() -> None:
