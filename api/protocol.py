@@ -28,7 +28,7 @@ from django.utils.dateparse import parse_datetime
 
 from api.http import ApiError, invalid
 from koala import redaction
-from workers import kinds, outcomes, targets, transitions
+from workers import kinds, outcomes, sql, targets, transitions
 from workers.context import JobContext
 from workers.errors import (
     Declined,
@@ -348,7 +348,7 @@ def _registration_prefix(worker_id: str) -> str:
 def count_held(*, worker_id: str) -> int:
     """Leases ``worker_id`` holds now (running jobs it leases)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM workers_job WHERE state = 'running' AND lease_holder = %s", [worker_id])
+        cursor.execute(sql.COUNT_HELD, [worker_id])
         (count,) = cursor.fetchone()
     return int(count)
 
@@ -373,10 +373,7 @@ def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> li
 def any_due(*, queues: Sequence[str]) -> bool:
     """Is any job due on these queues? One index probe (job_queued_due_idx): the idle poller's cost."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = ANY(%s) AND scheduled_at <= now())",
-            [list(queues)],
-        )
+        cursor.execute(sql.ANY_DUE, [list(queues)])
         (found,) = cursor.fetchone()
     return bool(found)
 

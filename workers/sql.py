@@ -859,3 +859,13 @@ WHERE e.job_id = j.id AND e.state IN ('queued', 'running') AND j.state IN ('fail
 """
 SETTLE_EXPORTS = _SETTLE_EXPORTS.format(only="")
 SETTLE_EXPORTS_BY_ID = _SETTLE_EXPORTS.format(only="AND e.id = ANY(%(ids)s)")
+
+
+# -- the worker API (api.protocol) ------------------------------------------------------------------
+
+# The leases worker %s holds now: its running jobs (the acquire's concurrency check, right before
+# each claim, so the 429 is exact across server processes).
+COUNT_HELD = "SELECT count(*) FROM workers_job WHERE state = 'running' AND lease_holder = %s"
+
+# Is any job due on the queues in %s? One index probe (job_queued_due_idx): the idle poller's cost.
+ANY_DUE = "SELECT EXISTS (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = ANY(%s) AND scheduled_at <= now())"

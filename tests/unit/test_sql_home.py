@@ -53,8 +53,6 @@ STATEMENT_KEYWORDS = ("query", "sql", "statement")
 
 # "file:function" -> why this function may hand PostgreSQL SQL that is not a SQL home's.
 KNOWN_EXCEPTIONS = {
-    "api/protocol.py:count_held": "moving in the lead's branch",
-    "api/protocol.py:any_due": "moving in the lead's branch",
     "devtools/embedded.py:EmbeddedServices.ensure_database": (
         "administrative SQL on the embedded server's maintenance database, before Django's database exists: "
         "a pg_database lookup and CREATE DATABASE, whose name is an identifier no parameter can bind"
@@ -68,7 +66,13 @@ KNOWN_EXCEPTIONS = {
 # Helpers that run a statement their caller chose: name -> where the statement is (a positional
 # index, or a keyword). Only inside these may a parameter reach a cursor, and their callers
 # must hand them a SQL home's statement.
-STATEMENT_HELPERS: dict[str, int | str] = {"_claim": 0, "_execute": 0, "_ensure_usage": 1, "_update": 1, "CopyReader": "statement"}
+STATEMENT_HELPERS: dict[str, int | str] = {
+    "_claim": 0,
+    "_execute": 0,
+    "_ensure_usage": 1,
+    "_update": 1,
+    "CopyReader": "statement",
+}
 # Functions that choose a statement for a helper: each of their returns names a SQL home's
 # statement first (``return sql.COMPLETE, {…}``), and a name assigned from their call
 # (``statement, values = _statement(decision)``) may be handed to a helper.
