@@ -129,8 +129,11 @@ _PATTERNS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = 
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), MASK),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"), MASK),
-    # Credentials embedded in URLs: scheme://user:password@host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1" + MASK + "@"),
+    # Credentials embedded in URLs: scheme://[user]:password@host. The user name is optional
+    # (redis://:pw@cache) and may be an address; the password runs to the LAST "@" before the
+    # host (a raw "@" or ":" in it is masked too). A "/" ends the authority, as in every URL
+    # parser, and a quote, "<", ">", "\" or whitespace ends the URL itself (JSON, HTML, a repr).
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/\"<>\\]*:)[^\s/\"<>\\]+@"), r"\1" + MASK + "@"),
 ]
 
 
