@@ -236,6 +236,13 @@ TABLE: dict[str, list[Case]] = {
         *actor_cases("approve", "{review}"),
         *actor_cases("reject", "{review}", "--comment", "no"),
         c("reject", "{review}", "--actor", "bob", names="comment"),
+        # bob is a user but no reviewer; "carol" names no user; "inactive" an inactive one.
+        *[
+            c(decide, "{review}", "--actor", who, "--comment", "ok", names="--actor")
+            for decide in ("approve", "reject")
+            for who in ("bob", "carol", "inactive")
+        ],
+        c("approve", "{review}", names="--actor"),  # a decision names its reviewer: no default
         c("reject", "{review}", "--actor", "bob", "--comment", SURROGATE, names="--comment"),
         c("approve", "{review}", "--actor", "bob", "--comment", NUL, names="--comment"),
         c("approve", "{review}", "--actor", "bob", "--comment", "c" * 1001, names="--comment"),
