@@ -335,6 +335,11 @@ TABLE: dict[str, list[Case]] = {
             for value in ("0", "-1", "1.5", "abc", "3661", HUGE)
         ],
         *actor_cases(*KEY_NEW),
+        *[
+            c(*KEY_NEW, "--kinds", value, names="--kinds")
+            for value in ("", "nope", "noop@9", "noop@x", "@1", "noop,,boom", " , ", NUL, SURROGATE, "k" * 2001)
+        ],
+        *[c(*KEY_NEW, "--queues", value, names="--queues") for value in ("", "nope", "default,nope", "default,", NUL, SURROGATE)],
         c(*KEY_NEW, "--nope", names="--nope"),
         c("list", "--nope", names="--nope"),
         c("list", "extra", names="extra"),
@@ -646,6 +651,10 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
             "bob",
             "--expires-in-days",
             "30",
+            "--kinds",
+            "noop,http.probe@1",
+            "--queues",
+            "default",
             "--actor",
             "ops",
         ],
