@@ -2,7 +2,6 @@
 
 - Only a reviewer decides: an active user holding ``REVIEW_PERMISSION`` (``reviewer_refusal``),
   asked by approve_review and reject_review whichever path calls them.
-
 - A job body that reaches a critical operation without a usable approval creates a
   ReviewRequest (bound to the action's digest) and is parked ``waiting_review``.
 - Approving or rejecting is one conditional UPDATE (``state = 'pending'`` and not expired
