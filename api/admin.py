@@ -17,8 +17,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from api.keys import ApiKeyError, KeyScope, create_key, revoke_key
+from api.keys import ApiKeyError, KeyScope, checked_kinds, create_key, revoke_key
 from api.models import ApiKey
+from workers import targets
 
 PERMISSION = "api.manage_keys"
 
@@ -39,10 +40,31 @@ class ApiKeyForm(forms.ModelForm):
         help_text="Leave empty for a machine key. A person's key is audited as that person when it reads run data.",
     )
     expires_in_days = forms.IntegerField(min_value=1, max_value=3660, required=False, help_text="Empty: never expires.")
+    kinds = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text="The job kinds it may serve, start and read: name (any version) or name@version, comma-separated. Empty: any.",
+    )
+    queues = forms.MultipleChoiceField(
+        choices=lambda: [(q, q) for q in targets.configured_queues()],
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        help_text="The queues it may serve and start jobs on. None ticked: any.",
+    )
 
     class Meta:
         model = ApiKey
         fields = ["name"]
+
+    def clean_kinds(self) -> list[str]:
+        text = self.cleaned_data.get("kinds") or ""
+        items = [item.strip() for item in text.split(",")] if text.strip() else []
+        if any(not item for item in items):
+            raise forms.ValidationError("An empty kind name: separate names with single commas.")
+        try:
+            return checked_kinds(items)
+        except ApiKeyError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 @admin.register(ApiKey)
@@ -52,6 +74,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "prefix",
         "name",
         "shown_scopes",
+        "shown_kinds",
+        "shown_queues",
         "person",
         "created_by",
         "created_at",
@@ -66,6 +90,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = [
         "prefix",
         "shown_scopes",
+        "shown_kinds",
+        "shown_queues",
         "person",
         "created_by",
         "created_at",
@@ -77,7 +103,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
-            return ["name", "scopes", "person", "expires_in_days"]
+            return ["name", "scopes", "kinds", "queues", "person", "expires_in_days"]
         return ["name", *self.readonly_fields]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -86,6 +112,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.display(description="scopes")
     def shown_scopes(self, obj: ApiKey) -> str:
         return ", ".join(obj.scopes)
+
+    @admin.display(description="kinds")
+    def shown_kinds(self, obj: ApiKey) -> str:
+        return ", ".join(obj.kinds) or "any"
+
+    @admin.display(description="queues")
+    def shown_queues(self, obj: ApiKey) -> str:
+        return ", ".join(obj.queues) or "any"
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return may_manage_keys(request.user)
@@ -116,6 +150,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 actor=request.user.get_username(),
                 person=person.get_username() if person is not None else "",
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
+                kinds=data.get("kinds") or [],
+                queues=data.get("queues") or [],
             )
         except ApiKeyError as exc:
             # The form checked all of it; a race (the person deactivated meanwhile) lands here.

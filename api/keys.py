@@ -37,7 +37,9 @@ from api.http import ApiError
 from api.models import ApiKey
 from koala.audit import AuditAction, record_audit
 from koala.storable import column_length, text_problem
-from workers import doorbell
+from workers import doorbell, targets
+from workers import kinds as job_kinds
+from workers.errors import UnknownName
 
 log = logging.getLogger("koala.api.keys")
 
@@ -80,18 +82,32 @@ class ApiKeyError(ValueError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts as: a key, and the person it belongs to ("" for a machine key)."""
+    """Who a request acts as: a key, and the person it belongs to ("" for a machine key), and
+    what the key is limited to: job kinds ("name" for any version, or "name@version") and
+    queues. An empty limit allows any."""
 
     key_id: int
     prefix: str
     name: str
     scopes: frozenset[str]
     person: str
+    kinds: frozenset[str] = frozenset()
+    queues: frozenset[str] = frozenset()
 
     @property
     def actor(self) -> str:
         """The actor of what this key does: its person, or ``apikey:<prefix>`` for a machine key."""
         return self.person or f"apikey:{self.prefix}"
+
+    def allows_kind(self, name: str, version: int) -> bool:
+        return not self.kinds or name in self.kinds or f"{name}@{version}" in self.kinds
+
+    def allows_queue(self, queue: str) -> bool:
+        return not self.queues or queue in self.queues
+
+    def allows(self, *, kind: str, version: int, queue: str) -> bool:
+        """May this key serve, start, read or cancel a job of this kind, version and queue?"""
+        return self.allows_kind(kind, version) and self.allows_queue(queue)
 
 
 @dataclass
@@ -127,6 +143,8 @@ def _principal(row: ApiKey) -> Principal:
         name=row.name,
         scopes=frozenset(row.scopes),
         person=row.person.get_username() if row.person is not None else "",
+        kinds=frozenset(row.kinds),
+        queues=frozenset(row.queues),
     )
 
 
@@ -237,6 +255,45 @@ def require(principal: Principal, scope: KeyScope) -> None:
         raise ApiError(403, "forbidden", f"this call needs a key with the '{scope}' scope{alternatives}; this key has: {has}")
 
 
+def _shown_limit(values: frozenset[str]) -> str:
+    return ", ".join(sorted(values))
+
+
+def require_kinds(principal: Principal, served: Iterable[str], *, field: str = "kinds") -> None:
+    """ApiError 403 naming ``field`` unless every ``name@version`` in ``served`` is within the
+    key's kinds. Checked before anything is written (register, start a job, acquire)."""
+    outside = [pair for pair in served if not principal.allows_kind(*_name_version(pair))]
+    if outside:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{field}: {', '.join(outside)} outside the kinds of key kk_{principal.prefix} ({_shown_limit(principal.kinds)})",
+        )
+
+
+def require_queues(principal: Principal, queues: Iterable[str], *, field: str = "queues") -> None:
+    """ApiError 403 naming ``field`` unless every queue is within the key's queues."""
+    outside = [queue for queue in queues if not principal.allows_queue(queue)]
+    if outside:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{field}: {', '.join(outside)} outside the queues of key kk_{principal.prefix} ({_shown_limit(principal.queues)})",
+        )
+
+
+def require_serves(principal: Principal, *, served: Iterable[str], queues: Iterable[str]) -> None:
+    """What a worker registers (its ``name@version`` pairs and queues) is all it will claim: both
+    within the key's limits, or ApiError 403 naming the field (register, and every acquire)."""
+    require_kinds(principal, served)
+    require_queues(principal, queues)
+
+
+def _name_version(pair: str) -> tuple[str, int]:
+    name, _, version = pair.rpartition("@")
+    return name, int(version)
+
+
 def forget_cached(prefix: str | None = None) -> None:
     """Drop cached lookups: one key's (by prefix), or all when ``prefix`` is None."""
     global _checked_at
@@ -277,13 +334,61 @@ def checked_scopes(scopes: Iterable[str]) -> list[str]:
     return sorted(set(given), key=order.index)
 
 
+def checked_kinds(given: Iterable[str]) -> list[str]:
+    """A key's kinds: each a kind Koala knows, by name (any version) or ``name@version``."""
+    chosen: set[str] = set()
+    for item in given:
+        if not isinstance(item, str) or not item.strip() or text_problem(item) or len(item) > 120:
+            raise ApiKeyError("kinds", f"{str(item)[:40]!r} is not a job kind (name or name@version)")
+        text = item.strip()
+        name, at, version = text.rpartition("@")
+        if not at:
+            try:
+                targets.check_kind(text, with_jobs=False)
+            except UnknownName as exc:
+                raise ApiKeyError("kinds", str(exc)) from None
+        elif not name or not version.isascii() or not version.isdigit() or not 0 < int(version) < 2**31:
+            raise ApiKeyError("kinds", f"{text!r} is not a job kind (name or name@version)")
+        elif job_kinds.get(name, int(version)) is None:
+            versions = sorted(k.version for k in job_kinds.served() if k.name == name)
+            if not versions:
+                raise ApiKeyError("kinds", str(UnknownName("kind", name, targets.registered_kinds())))
+            listed = ", ".join(map(str, versions))
+            raise ApiKeyError("kinds", f"job kind {name!r} has no version {version} here (versions: {listed})")
+        chosen.add(text)
+    return sorted(chosen)
+
+
+def checked_queues(given: Iterable[str]) -> list[str]:
+    """A key's queues: each a configured queue (KOALA_QUEUES)."""
+    chosen: set[str] = set()
+    for item in given:
+        try:
+            chosen.add(targets.check_queue(item.strip() if isinstance(item, str) else str(item)))
+        except UnknownName as exc:
+            raise ApiKeyError("queues", str(exc)) from None
+    return sorted(chosen)
+
+
 def create_key(
-    *, name: str, scopes: Iterable[str], actor: str, person: str = "", expires_at: datetime | None = None
+    *,
+    name: str,
+    scopes: Iterable[str],
+    actor: str,
+    person: str = "",
+    expires_at: datetime | None = None,
+    kinds: Iterable[str] = (),
+    queues: Iterable[str] = (),
 ) -> tuple[ApiKey, str]:
-    """A new key and its raw value (shown once: only its hash is stored); audited with it."""
+    """A new key and its raw value (shown once: only its hash is stored); audited with it.
+
+    ``kinds`` and ``queues`` limit what the key may serve (worker calls) and start, read and
+    cancel (job calls); empty: any. Fixed for the key's life: revoke it and create another."""
     name = _checked_text("name", name, column_length(ApiKey, "name"))
     actor = _checked_text("actor", actor, column_length(ApiKey, "created_by"))
     chosen = checked_scopes(scopes)
+    limited_kinds = checked_kinds(kinds)
+    limited_queues = checked_queues(queues)
     owner = None
     if person:
         _checked_text("person", person, 150)
@@ -307,6 +412,8 @@ def create_key(
             prefix=prefix,
             secret_hash=hash_key(raw),
             scopes=chosen,
+            kinds=limited_kinds,
+            queues=limited_queues,
             person=owner,
             created_by=actor,
             expires_at=expires_at,
@@ -319,6 +426,8 @@ def create_key(
             details={
                 "name": name,
                 "scopes": chosen,
+                "kinds": limited_kinds,
+                "queues": limited_queues,
                 "person": person,
                 "expires_at": expires_at.isoformat() if expires_at else None,
             },

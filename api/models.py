@@ -11,6 +11,10 @@ from django.db.models.lookups import Exact
 SCOPES = ("worker", "execute", "write", "admin")
 
 
+def _is_array(field: str) -> Q:
+    return Q(Exact(Func(F(field), function="jsonb_typeof", output_field=models.CharField()), "array"))
+
+
 class ApiKey(models.Model):
     """One key. ``prefix`` is public (shown in lists, logs and audit rows); ``secret_hash`` is the
     sha256 of the whole raw key, so a leaked table gives no usable key."""
@@ -19,6 +23,10 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True)
     secret_hash = models.CharField(max_length=64)
     scopes = models.JSONField()  # a list of SCOPES, at least one (checked by the database too)
+    # What the key may serve, start and read (api.keys.Principal.allows): job kinds as "name" (any
+    # version) or "name@version", and queues. Empty: any. Fixed at creation, like the scopes.
+    kinds = models.JSONField(default=list, blank=True)
+    queues = models.JSONField(default=list, blank=True)
     # Blank: a machine key. Set: the key acts for this person (their reads of run data are audited).
     person = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
     created_by = models.CharField(max_length=150)
@@ -45,6 +53,8 @@ class ApiKey(models.Model):
                 condition=Q(revoked_at__isnull=True) | ~Q(revoked_by=""),
                 name="api_apikey_revoked_by_someone",
             ),
+            # JSON arrays (a lone string would read as "any" nowhere and as a name everywhere).
+            models.CheckConstraint(condition=_is_array("kinds") & _is_array("queues"), name="api_apikey_limits_are_lists"),
         ]
 
     def __str__(self) -> str:

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from api.http import ApiError, invalid
+from api.keys import Principal, require_serves
 from koala import redaction
 from workers import kinds, outcomes, sql, targets, transitions
 from workers.context import JobContext
@@ -101,11 +102,13 @@ def register(
     queues: Sequence[str] | None,
     concurrency: int,
     sdk: str = "",
+    principal: Principal | None = None,
 ) -> Registration:
     """Record an HTTP worker in the worker-process record and return what it serves.
 
-    Every pair must be a kind Koala knows (its contract lives here); every queue a configured one.
-    Checked before anything is written. Registering again under a name replaces what it serves.
+    Every pair must be a kind Koala knows (its contract lives here); every queue a configured one;
+    both within the limits of the key (``principal``). Checked before anything is written.
+    Registering again under a name replaces what it serves.
     """
     if not served_kinds:
         raise invalid("kinds", "must name at least one kind")
@@ -128,6 +131,9 @@ def register(
             targets.check_queue(queue)
         except UnknownName as exc:
             raise ApiError(400, "unknown_queue", f"queues: {exc}") from None
+    if principal is not None:
+        # What a worker registers is all it ever claims (claim_for): the key's limits hold here.
+        require_serves(principal, served=pairs, queues=chosen)
     worker_id = name or f"http.{hostname}.{pid if pid is not None else 0}"
     try:
         processes.start(

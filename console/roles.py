@@ -22,11 +22,13 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_http_methods
 
+from reviews.services import REVIEW_PERMISSION
+
 OPERATORS, REVIEWERS, AUDITORS = "operators", "reviewers", "auditors"
 
 VIEW = "console.view_operations"
 OPERATE = "console.operate"
-REVIEW = "console.review"
+REVIEW = REVIEW_PERMISSION  # reviews.services decides who may review with the same permission
 
 View = Callable[..., HttpResponse]
 

@@ -129,8 +129,11 @@ _PATTERNS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = 
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), MASK),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"), MASK),
-    # Credentials embedded in URLs: scheme://user:password@host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1" + MASK + "@"),
+    # Credentials embedded in URLs: scheme://[user]:password@host. The user name is optional
+    # (redis://:pw@cache) and may be an address; the password runs to the LAST "@" before the
+    # host (a raw "@" or ":" in it is masked too). A "/" ends the authority, as in every URL
+    # parser, and a quote, "<", ">", "\" or whitespace ends the URL itself (JSON, HTML, a repr).
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/\"<>\\]*:)[^\s/\"<>\\]+@"), r"\1" + MASK + "@"),
 ]
 
 
@@ -448,6 +451,23 @@ def _strings(value: Any) -> list[str]:
     return [str(value)] if value is not None else []
 
 
+@dataclass(frozen=True, eq=False)
+class _LoggedException:
+    """A logged exception, kept on its record for Sentry alone (``restore_logged_exception``).
+    Printed, it shows nothing of the exception: a handler that dumps every attribute of a
+    record must not find the raw text the filter masked."""
+
+    exc_info: tuple[type[BaseException], BaseException, Any]
+
+    def __repr__(self) -> str:
+        return "<logged exception (masked into the message)>"
+
+    __str__ = __repr__
+
+
+LOGGED_EXCEPTION_ATTR = "_koala_exception"  # "_": never in Sentry's "extra" (the SDK skips those)
+
+
 class RedactingFilter(logging.Filter):
     """Masks secrets in every log record before any handler formats it, with the context of the
     attempt or request that logs it. The record is changed in place, so every handler after
@@ -462,8 +482,12 @@ class RedactingFilter(logging.Filter):
         record.msg = redactor.text(message, limit=4_000)
         record.args = None
         if record.exc_info and record.exc_info[1] is not None:
-            # Keep the traceback shape but never a secret carried in the exception text.
+            # The text handlers get the exception folded into the message, masked, and no
+            # traceback (a handler formatting exc_info would print the raw text). Sentry's event
+            # is built from the record after every handler ran: it gets the exception back from
+            # the record (restore_logged_exception), and before_send masks it with this context.
             exc = record.exc_info[1]
+            setattr(record, LOGGED_EXCEPTION_ATTR, _LoggedException((type(exc), exc, record.exc_info[2])))
             record.exc_text = None
             record.msg += f" [{type(exc).__name__}: {redactor.text(str(exc))}]"
             record.exc_info = None
@@ -530,6 +554,26 @@ def scrub_sentry_event(event: dict[str, Any], hint: dict[str, Any]) -> dict[str,
         logentry.pop("params", None)  # the raw arguments; "formatted" (masked) says it all
     scrubbed: dict[str, Any] = redactor.deep(event)
     return scrubbed
+
+
+def restore_logged_exception(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any]:
+    """Sentry event processor (registered in koala/settings.py): an event made from a log record
+    whose exception ``RedactingFilter`` folded into the message (``log.exception``, ``exc_info=``)
+    gets its exception back, built by the SDK exactly as for any logged exception: the chain's
+    types, messages and frames (no local variables: ``include_local_variables=False``). It runs
+    before ``before_send``, which then masks it with the bound context like the rest."""
+    held = getattr(hint.get("log_record"), LOGGED_EXCEPTION_ATTR, None)
+    if not isinstance(held, _LoggedException) or event.get("exception"):
+        return event
+    import sentry_sdk
+    from sentry_sdk.utils import event_from_exception
+
+    # Never the frames' local variables, whatever the client was given (they hold inputs, lease
+    # tokens, values a body fetched itself: no context knows them all).
+    options = {**sentry_sdk.get_client().options, "include_local_variables": False}
+    built, _ = event_from_exception(held.exc_info, client_options=options, mechanism={"type": "logging", "handled": True})
+    event["exception"] = built["exception"]
+    return event
 
 
 def scrub_sentry_breadcrumb(crumb: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any]:

@@ -323,10 +323,11 @@ LOGGING = {
 if SENTRY_DSN:
     import sentry_sdk
 
-    from koala.redaction import scrub_sentry_breadcrumb, scrub_sentry_event
+    from koala.redaction import restore_logged_exception, scrub_sentry_breadcrumb, scrub_sentry_event
 
     # Every event and breadcrumb is masked with the redaction context of the attempt or request
-    # that produces it (docs/redaction.md); frame locals are never collected.
+    # that produces it (docs/redaction.md). Frame locals are never collected: they hold inputs,
+    # lease tokens and values a body fetched itself, which no redaction context knows.
     sentry_sdk.init(
         dsn=SENTRY_DSN,
         send_default_pii=False,
@@ -335,3 +336,5 @@ if SENTRY_DSN:
         before_breadcrumb=scrub_sentry_breadcrumb,  # type: ignore[arg-type]
         include_local_variables=False,
     )
+    # A logged exception's event carries the exception (the log filter folds it into the text).
+    sentry_sdk.get_global_scope().add_event_processor(restore_logged_exception)  # type: ignore[arg-type]

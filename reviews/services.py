@@ -1,5 +1,7 @@
 """The review gate: approvals bound to the exact critical action, decided by a second person.
 
+- Only a reviewer decides: an active user holding ``REVIEW_PERMISSION`` (``reviewer_refusal``),
+  asked by approve_review and reject_review whichever path calls them.
 - A job body that reaches a critical operation without a usable approval creates a
   ReviewRequest (bound to the action's digest) and is parked ``waiting_review``.
 - Approving or rejecting is one conditional UPDATE (``state = 'pending'`` and not expired
@@ -19,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -31,6 +34,34 @@ from workers import sql
 from workers.errors import SafetyError
 from workers.models import FailureReason, Job, JobState, ParkReason
 from workers.services.jobs import fail_parked, unpark_jobs
+
+# Who may decide a review: the permission the console's reviewers group holds (its migration,
+# console/migrations/0001_roles.py; console.roles.REVIEW is this constant). A dotted string: the
+# console sits above this app and is never imported from here.
+REVIEW_PERMISSION = "console.review"
+WHO_DECIDES = (
+    "only an active user holding the review permission (the reviewers group; superusers hold every permission) "
+    "may approve or reject a review"
+)
+
+
+class NotAReviewer(SafetyError):
+    """The decider is not an active user holding the review permission (reviewer_refusal)."""
+
+
+def reviewer_refusal(*, actor: str) -> str | None:
+    """Why ``actor`` (a user name) may not decide reviews at all (None: they may). Every path
+    that decides (the command, the console, any later one) goes through approve_review and
+    reject_review, which ask this first; the console shows it on its disabled buttons."""
+    user_model = get_user_model()
+    user = user_model.objects.filter(**{user_model.USERNAME_FIELD: actor}).first()
+    if user is None:
+        return f"no user named {actor!r}: {WHO_DECIDES}."
+    if not user.is_active:
+        return f"user {actor!r} is inactive: {WHO_DECIDES}."
+    if not user.has_perm(REVIEW_PERMISSION):
+        return f"{actor!r} is not a reviewer: {WHO_DECIDES}."
+    return None
 
 
 def action_digest(binding: dict[str, Any]) -> str:
@@ -46,6 +77,8 @@ def pending_reviews() -> QuerySet[ReviewRequest]:
 
 def decision_blocker(*, review: ReviewRequest, actor: str, approving: bool = True) -> str | None:
     """Why ``actor`` may not decide this review now (None: they may). The UI shows this text."""
+    if refusal := reviewer_refusal(actor=actor):
+        return refusal
     if review.state != ReviewState.PENDING:
         who = f" by {review.decided_by}" if review.decided_by else ""
         return f"this review is already {review.state}{who}."
@@ -146,6 +179,16 @@ def _get(review_id: int) -> ReviewRequest:
     return review
 
 
+def _check_decider(*, review_id: int, actor: str) -> None:
+    """Refuse, before anything is written, a review that does not exist or a decider who is not
+    an active reviewer (not audited: no refusal is, and a refused call changes nothing). Checked
+    outside the decision's transaction: a permission has no row to lock, and a reviewer removed
+    from the group while deciding is as if removed a moment later."""
+    _get(review_id)
+    if refusal := reviewer_refusal(actor=actor):
+        raise NotAReviewer(refusal)
+
+
 def _lock_job_of(review_id: int) -> None:
     """Lock the review's job row, first. Lock order: job, then review, as cancel_job (which
     withdraws the job's reviews) and the expiry do; deciding the review first and touching the
@@ -164,6 +207,7 @@ def approve_review(*, review_id: int, actor: str, comment: str = "") -> ReviewRe
     """
     if not actor:
         raise SafetyError("an approval needs the approver's name.")
+    _check_decider(review_id=review_id, actor=actor)
     now = timezone.now()
     with transaction.atomic():
         _lock_job_of(review_id)
@@ -205,6 +249,7 @@ def reject_review(*, review_id: int, actor: str, comment: str) -> ReviewRequest:
         raise SafetyError("a rejection needs the reviewer's name.")
     if not comment or not comment.strip():
         raise SafetyError("a rejection needs a comment saying why.")
+    _check_decider(review_id=review_id, actor=actor)
     now = timezone.now()
     text = redact_text(comment.strip(), limit=1000)
     with transaction.atomic():

@@ -127,7 +127,7 @@ def wait_for(
 # (tests/browser/test_console_browser.py's "people", tests/integration/test_command_input.py's
 # "export_root").
 from tests.support.api_server import api_server, execute_key, worker_key  # noqa: E402, F401
-from tests.support.console import clients, role_users  # noqa: E402, F401
+from tests.support.console import clients, reviewers, role_users  # noqa: E402, F401
 from tests.support.effects import provider, smtp_sink  # noqa: E402, F401
 from tests.support.exports import export_env, export_root, faults, people  # noqa: E402, F401
 from tests.support.sdk import SDK_SRC  # noqa: E402, F401  (puts sdk/python/src on sys.path: koala_worker)

@@ -339,6 +339,27 @@ job_kind(
 )(_careless_body)
 
 
+def _logs_exception_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Logs one caught exception (raised from another: a chain) that quotes its secrets, with
+    ``log.exception`` and with ``log.error(..., exc_info=True)``; then succeeds."""
+    import logging
+
+    log = logging.getLogger("tests.logs_exception")
+    try:
+        try:
+            raise ConnectionError(f"cannot reach {data['url']} with {data['token']}")
+        except ConnectionError as exc:
+            raise LookupError(f"no account for {data['pin']}") from exc
+    except LookupError:
+        log.exception("charging %s failed", data["pin"])
+        log.error("giving up on %s", data["pin"], exc_info=True)
+    return {"logged": 2}
+
+
+job_kind("tests.logs_exception", version=1, queue="default", max_attempts=1, timeout_seconds=30, sensitive_fields={"pin"})(
+    _logs_exception_body
+)
+
 # -- kinds served by HTTP workers (tests/*/test_api_*) ----------------------------------------------
 remote_kind("http.probe", version=1, queue="default", max_attempts=3, timeout_seconds=60.0, sensitive_fields={"secret"})
 remote_kind("http.probe", version=2, queue="default", max_attempts=3, timeout_seconds=60.0, sensitive_fields={"secret"})

@@ -17,9 +17,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from api import http
 from api.http import ApiError
-from api.keys import KeyScope, Principal, authenticate, require
+from api.keys import KeyScope, Principal, authenticate, require, require_kinds, require_queues
 from koala.audit import AuditAction, record_audit
-from workers import kinds
+from workers import kinds, targets
 from workers.errors import EnqueueError, JobStateError, UnknownName
 from workers.models import Job
 from workers.selectors.jobs import JobView, job_for_person
@@ -55,8 +55,11 @@ def execute_call(*methods: str) -> Callable[[View], View]:
     return decorate
 
 
-def _job_or_404(job_id: int) -> int:
-    if not 1 <= job_id <= BIGINT_MAX or not Job.objects.filter(pk=job_id).exists():
+def _job_or_404(job_id: int, principal: Principal) -> int:
+    """A job this key may see: one of its kinds and queues. Any other is answered exactly like a
+    job that does not exist, so a limited key learns nothing about the jobs outside its limits."""
+    found = Job.objects.filter(pk=job_id).values_list("kind", "version", "queue").first() if 1 <= job_id <= BIGINT_MAX else None
+    if found is None or not principal.allows(kind=found[0], version=found[1], queue=found[2]):
         raise ApiError(404, "not_found", f"no job {job_id}")
     return job_id
 
@@ -86,11 +89,23 @@ def start_job(request: HttpRequest, principal: Principal) -> HttpResponse:
     delay = http.number(data, "delay_seconds", minimum=0, maximum=MAX_DELAY_SECONDS, default=0.0) or 0.0
     correlation_id = http.text(data, "correlation_id", required=False, max_length=64)
     try:
-        kinds.latest(kind)  # unknown kind: its own code, like register's
+        contract = kinds.latest(kind)  # unknown kind: its own code, like register's
     except UnknownName as exc:
         raise ApiError(400, "unknown_kind", f"kind: {exc}") from None
-    if version is not None and kinds.get(kind, version) is None:
-        raise http.invalid("version", f"job kind {kind!r} has no version {version} here")
+    if version is not None:
+        found = kinds.get(kind, version)
+        if found is None:
+            raise http.invalid("version", f"job kind {kind!r} has no version {version} here")
+        contract = found
+    if queue is not None:
+        try:
+            targets.check_queue(queue)
+        except UnknownName as exc:
+            raise http.invalid("queue", str(exc)) from None
+    # The key's limits, before anything is written: the kind and version the job would run as,
+    # and the queue it would wait on.
+    require_kinds(principal, [contract.key], field="kind")
+    require_queues(principal, [queue or contract.queue], field="queue")
     try:
         result = enqueue(
             kind=kind,
@@ -165,7 +180,7 @@ def _job_json(view: JobView) -> dict[str, Any]:
 
 @execute_call("GET")
 def read_job(request: HttpRequest, principal: Principal, job_id: int) -> HttpResponse:
-    job_id = _job_or_404(job_id)
+    job_id = _job_or_404(job_id, principal)
     try:
         view = job_for_person(job_id=job_id, actor=principal.actor, audit=False)
     except Job.DoesNotExist:
@@ -190,7 +205,7 @@ def cancel(request: HttpRequest, principal: Principal, job_id: int) -> HttpRespo
     if unknown:
         raise http.invalid(unknown[0], "is not a field of this call")
     reason = http.text(data, "reason", required=False, max_length=500)
-    job_id = _job_or_404(job_id)
+    job_id = _job_or_404(job_id, principal)
     try:
         job = cancel_job(job_id=job_id, actor=principal.actor, reason=reason)
     except JobStateError as exc:

@@ -137,6 +137,7 @@ def register(request: HttpRequest, principal: Principal, data: dict[str, Any]) -
         queues=queues,
         concurrency=concurrency,
         sdk=sdk,
+        principal=principal,
     )
     hub().announce("start", registration.worker_id)
     return JsonResponse(
@@ -160,6 +161,10 @@ def _acquiring(
     request: HttpRequest, principal: Principal, data: dict[str, Any], worker_id: str
 ) -> tuple[protocol.Registration, int, float]:
     registration = protocol.registration(worker_id=worker_id, key_prefix=principal.prefix)
+    # Checked again at every acquire, against the key as this process knows it now (keys are
+    # re-read every KOALA_API_KEY_CACHE_SECONDS): a registration stored before the key's limits
+    # (a row edited by hand, an older server) never gets a lease outside them.
+    keys.require_serves(principal, served=registration.served, queues=registration.queues)
     count = http.integer(data, "max", minimum=1, maximum=protocol.MAX_CONCURRENCY, default=1)
     wait = http.number(data, "wait_seconds", minimum=0, maximum=poll_seconds(), default=poll_seconds()) or 0.0
     if count > registration.concurrency:

@@ -55,7 +55,9 @@ def command(*args: str) -> str:
 
 
 @pytest.mark.slow
-def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_reviews(processes, provider: FakeProvider) -> None:
+def test_secrets_in_input_errors_and_answers_stay_out_of_records_logs_and_reviews(
+    processes, provider: FakeProvider, reviewers: object
+) -> None:
     secret_text = f"pay with {CARD}, auth {TOKEN}"
     # The order step first gets a 5xx whose message carries the secrets (outcome unknown:
     # the error is stored), then is reconciled and re-sent; the provider's answers echo the

@@ -22,7 +22,7 @@ from tests.support.fleet import free_port, wait_state, wait_workers_ready
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # real web and worker processes
 
 
 @pytest.fixture
@@ -137,3 +137,34 @@ def test_worker_process_sends_sentry_events_without_secrets(processes: Processes
         ]
     )
     assert "[redacted]" in records and secrets.leaks(records) == [], records
+
+
+def test_a_logged_exception_reaches_sentry_with_its_exception_masked(processes: Processes, sentry: FakeSentry) -> None:
+    """``log.exception`` and ``log.error(exc_info=True)`` in a body: each event carries the
+    exception chain (types, masked messages, frames without local variables), not only the
+    log line; no planted secret is in any byte sent, nor in the worker's log output."""
+    secrets = planted()
+    env = worker_env(SENTRY_DSN=sentry.dsn)
+    worker = processes.worker("--name", "sentry-logger", env=env)
+    wait_workers_ready([worker])
+    job_input = {"pin": secrets.declared, "url": secrets.url, "token": secrets.bearer}
+    job_id = enqueue(kind="tests.logs_exception", input=job_input).job_id
+    wait_state(job_id, "succeeded", timeout=40)
+    events = sentry.wait_for_events(2, where=lambda e: e.get("logger") == "tests.logs_exception")
+    # The message as the worker's log printed it (the exception folded in, masked)...
+    assert sorted(e["logentry"]["formatted"] for e in events) == [
+        "charging [redacted] failed [LookupError: no account for [redacted]]",
+        "giving up on [redacted] [LookupError: no account for [redacted]]",
+    ]
+    # ...and the exception itself, as Sentry shows and groups one.
+    for event in events:
+        chain = {v["type"]: v for v in (event.get("exception") or {}).get("values") or []}
+        assert set(chain) == {"LookupError", "ConnectionError"}, event
+        assert chain["LookupError"]["value"] == "no account for [redacted]"
+        # The URL's password by its shape; the token as a value the job's input holds under "token".
+        reached = "cannot reach https://deploy:[redacted]@git.example.com/app.git with [redacted]"
+        assert chain["ConnectionError"]["value"] == reached
+        frames = chain["LookupError"]["stacktrace"]["frames"]
+        assert any(f.get("function") == "_logs_exception_body" for f in frames), frames
+        assert not [f for v in chain.values() for f in v["stacktrace"]["frames"] if "vars" in f]
+    _check(sentry, secrets, processes.logs())

@@ -236,6 +236,13 @@ TABLE: dict[str, list[Case]] = {
         *actor_cases("approve", "{review}"),
         *actor_cases("reject", "{review}", "--comment", "no"),
         c("reject", "{review}", "--actor", "bob", names="comment"),
+        # bob is a user but no reviewer; "carol" names no user; "inactive" an inactive one.
+        *[
+            c(decide, "{review}", "--actor", who, "--comment", "ok", names="--actor")
+            for decide in ("approve", "reject")
+            for who in ("bob", "carol", "inactive")
+        ],
+        c("approve", "{review}", names="--actor"),  # a decision names its reviewer: no default
         c("reject", "{review}", "--actor", "bob", "--comment", SURROGATE, names="--comment"),
         c("approve", "{review}", "--actor", "bob", "--comment", NUL, names="--comment"),
         c("approve", "{review}", "--actor", "bob", "--comment", "c" * 1001, names="--comment"),
@@ -328,6 +335,11 @@ TABLE: dict[str, list[Case]] = {
             for value in ("0", "-1", "1.5", "abc", "3661", HUGE)
         ],
         *actor_cases(*KEY_NEW),
+        *[
+            c(*KEY_NEW, "--kinds", value, names="--kinds")
+            for value in ("", "nope", "noop@9", "noop@x", "@1", "noop,,boom", " , ", NUL, SURROGATE, "k" * 2001)
+        ],
+        *[c(*KEY_NEW, "--queues", value, names="--queues") for value in ("", "nope", "default,nope", "default,", NUL, SURROGATE)],
         c(*KEY_NEW, "--nope", names="--nope"),
         c("list", "--nope", names="--nope"),
         c("list", "extra", names="extra"),
@@ -639,6 +651,10 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
             "bob",
             "--expires-in-days",
             "30",
+            "--kinds",
+            "noop,http.probe@1",
+            "--queues",
+            "default",
             "--actor",
             "ops",
         ],

@@ -170,7 +170,9 @@ DECIDERS: dict[str, Callable[[ReviewRequest], Any]] = {
 
 
 @pytest.mark.parametrize("decision", sorted(DECIDERS))
-def test_a_review_decision_racing_a_cancel_never_deadlocks(tmp_path: Path, redis_clean: None, decision: str) -> None:
+def test_a_review_decision_racing_a_cancel_never_deadlocks(
+    tmp_path: Path, redis_clean: None, reviewers: object, decision: str
+) -> None:
     failures: list[str] = []
     for n in range(12):
         job_id, review = parked_for_review(tmp_path, n)

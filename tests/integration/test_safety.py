@@ -255,7 +255,7 @@ def test_an_expired_pause_no_longer_holds_work(tmp_path: Path, redis_clean: None
 # -- the review gate -------------------------------------------------------------------------------
 
 
-def test_critical_charge_waits_for_a_second_person_and_charges_once(tmp_path: Path, redis_clean: None) -> None:
+def test_critical_charge_waits_for_a_second_person_and_charges_once(tmp_path: Path, redis_clean: None, reviewers: object) -> None:
     job_id = charge(tmp_path, created_by="alice", amount=6000)
     job = run_until(job_id, "parked")
     assert (job.park_reason, job.attempts) == ("waiting_review", 0)
@@ -267,7 +267,7 @@ def test_critical_charge_waits_for_a_second_person_and_charges_once(tmp_path: Pa
         approve_review(review_id=review.pk, actor="alice")
     approve_review(review_id=review.pk, actor="bob", comment="ok")
     with pytest.raises(SafetyError, match="already approved"):
-        approve_review(review_id=review.pk, actor="carol")
+        approve_review(review_id=review.pk, actor="bob")
     job = run_until(job_id, "succeeded")
     assert len(effects(tmp_path)) == 1
     review.refresh_from_db()
@@ -282,7 +282,7 @@ def test_small_amounts_are_not_critical(tmp_path: Path, redis_clean: None) -> No
     assert not ReviewRequest.objects.exists()
 
 
-def test_a_changed_amount_needs_a_new_approval(tmp_path: Path, redis_clean: None) -> None:
+def test_a_changed_amount_needs_a_new_approval(tmp_path: Path, redis_clean: None, reviewers: object) -> None:
     amount_file = tmp_path / "amount"
     amount_file.write_text("6000")
     job_id = charge(tmp_path, created_by="alice", amount_file=str(amount_file))
@@ -301,7 +301,7 @@ def test_a_changed_amount_needs_a_new_approval(tmp_path: Path, redis_clean: None
     assert [int(e[2]) for e in effects(tmp_path)] == [9000]
 
 
-def test_rejection_ends_the_job_and_expiry_is_enforced(tmp_path: Path, redis_clean: None) -> None:
+def test_rejection_ends_the_job_and_expiry_is_enforced(tmp_path: Path, redis_clean: None, reviewers: object) -> None:
     rejected = charge(tmp_path, created_by="alice", amount=7000, customer="c-r")
     expiring = charge(tmp_path, created_by="alice", amount=8000, customer="c-e")
     run_until(rejected, "parked")
@@ -383,7 +383,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
     with pytest.raises(CommandError, match="cannot be negative"):
         call_command("koala_budget", "create", "y", "--scope", "global", "--spend", "-1")
     with pytest.raises(CommandError, match="does not exist"):
-        call_command("koala_reviews", "approve", "424242")
+        call_command("koala_reviews", "approve", "424242", "--actor", "bob")
     assert not Budget.objects.exists() and not Pause.objects.exists()
     assert not AuditEvent.objects.exists()
 
@@ -442,7 +442,9 @@ def test_pausing_a_paused_scope_is_refused() -> None:
 # -- the commands ----------------------------------------------------------------------------------
 
 
-def test_pause_resume_and_reviews_commands(tmp_path: Path, redis_clean: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pause_resume_and_reviews_commands(
+    tmp_path: Path, redis_clean: None, reviewers: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     call_command("koala_pause", "--queue", "default", "--mode", "stop", "--reason", "incident 42", "--actor", "ops")
     call_command("koala_pause")
     out = capsys.readouterr().out
@@ -475,7 +477,7 @@ def test_pause_resume_and_reviews_commands(tmp_path: Path, redis_clean: None, ca
     assert "ops-daily: queue default (request_limit=10)" in out
 
 
-def test_cancelling_a_job_waiting_for_review_withdraws_the_review(tmp_path: Path, redis_clean: None) -> None:
+def test_cancelling_a_job_waiting_for_review_withdraws_the_review(tmp_path: Path, redis_clean: None, reviewers: object) -> None:
     from workers.services.jobs import cancel_job
 
     job_id = charge(tmp_path, created_by="alice", amount=6000)

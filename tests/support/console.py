@@ -45,6 +45,21 @@ def role_users(db: None, settings: Any) -> dict[str, User]:
 
 
 @pytest.fixture
+def reviewers(db: None) -> dict[str, User]:
+    """alice and bob in the reviewers group, as in the demo: a review is decided only by a
+    reviewer (reviews.services checks it), so tests that decide one name these. Adds the group
+    to users of those names another fixture made (``people``)."""
+    ensure_roles()
+    group = Group.objects.get(name="reviewers")
+    found = {}
+    for name in ("alice", "bob"):
+        user, _ = User.objects.get_or_create(username=name, defaults={"email": f"{name}@example.com"})
+        user.groups.add(group)
+        found[name] = user
+    return found
+
+
+@pytest.fixture
 def clients(role_users: dict[str, User]) -> dict[str, Client]:
     logged_in = {}
     for role, user in role_users.items():

@@ -4,6 +4,7 @@ of each credential shape (one character short of a shape must stay readable)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -14,9 +15,11 @@ from koala.redaction import (
     is_sensitive_key,
     redact_data,
     redact_text,
+    restore_logged_exception,
     scrub_sentry_event,
     sensitive_values,
 )
+from tests.planted import planted
 
 
 @pytest.mark.parametrize(
@@ -191,3 +194,37 @@ def test_sentry_logentries_extras_and_headers_are_scrubbed() -> None:
 def test_sentry_events_without_those_parts_pass_unchanged() -> None:
     event: dict[str, Any] = {"level": "error", "exception": {"values": None}, "breadcrumbs": None}
     assert scrub_sentry_event(dict(event), {}) == event
+
+
+def test_a_logged_exception_is_kept_for_sentry_only_and_sent_masked() -> None:
+    secrets = planted()  # made at run time: the event's source context lines cannot hold them
+
+    def fail(card: str) -> None:
+        raise ValueError(f"{secrets.url} refused {card}")
+
+    try:
+        try:
+            fail(secrets.card_spaces)
+        except ValueError as exc:
+            raise LookupError(f"lookup with {secrets.bearer} failed") from exc
+    except LookupError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "call failed", (), sys.exc_info())
+    assert RedactingFilter().filter(record)
+    # Every text handler sees the masked one-line form only, even one that prints every attribute.
+    assert record.exc_info is None and secrets.leaks(repr(vars(record))) == []
+    event = restore_logged_exception({"logentry": {"formatted": record.getMessage()}}, {"log_record": record})
+    values = event["exception"]["values"]
+    assert [v["type"] for v in values] == ["ValueError", "LookupError"]  # the cause first, as Sentry orders a chain
+    assert [f["function"] for f in values[0]["stacktrace"]["frames"]][-1] == "fail"
+    scrubbed = scrub_sentry_event(event, {"log_record": record})
+    assert secrets.leaks(repr(scrubbed)) == [] and "'vars'" not in repr(scrubbed)
+    assert [v["value"] for v in scrubbed["exception"]["values"]] == [
+        f"https://deploy:{MASK}@git.example.com/app.git refused {MASK}",
+        f"lookup with Authorization: {MASK} {MASK} failed",
+    ]
+
+
+def test_an_event_that_has_its_exception_or_no_logged_one_is_left_alone() -> None:
+    own = {"exception": {"values": [{"type": "KeyError"}]}}
+    assert restore_logged_exception(dict(own), {"log_record": _record("x", exc=ValueError("y"))}) == own
+    assert restore_logged_exception({"message": "m"}, {}) == {"message": "m"}

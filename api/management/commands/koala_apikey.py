@@ -28,6 +28,19 @@ def prefix(value: str) -> str:
     return bare
 
 
+def names(value: str) -> list[str]:
+    """A comma-separated list of names, none empty (``--kinds a,b@2``, ``--queues q1,q2``)."""
+    value = cli.text(2000)(value)
+    items = [item.strip() for item in value.split(",")]
+    if any(not item for item in items):
+        raise argparse.ArgumentTypeError(f"{cli.shown(value)} has an empty name; separate names with single commas")
+    return items
+
+
+def _limit(values: list[str]) -> str:
+    return ",".join(values) if values else "any"
+
+
 def _when(value: Any) -> str:
     return value.isoformat(timespec="seconds") if value else "-"
 
@@ -35,7 +48,8 @@ def _when(value: Any) -> str:
 class Command(BaseCommand):
     help = (
         "API keys (docs/worker-api.md, Keys): `create --name N --scope worker|execute|write|admin [--scope …] "
-        "[--person USER] [--expires-in-days D]` prints the raw key once (its last line); `list`; `revoke PREFIX`."
+        "[--kinds K[@V],…] [--queues Q,…] [--person USER] [--expires-in-days D]` prints the raw key once (its last "
+        "line); `list`; `revoke PREFIX`."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -52,8 +66,18 @@ class Command(BaseCommand):
             help="the user the key acts for (default: a machine key)",
         )
         create.add_argument("--expires-in-days", type=cli.bounded_int(1, 3660), default=None, help="default: never expires")
+        create.add_argument(
+            "--kinds",
+            type=names,
+            default=[],
+            help="the job kinds the key may serve, start and read: name (any version) or name@version, "
+            "comma-separated (default: any)",
+        )
+        create.add_argument(
+            "--queues", type=names, default=[], help="the queues it may serve and start jobs on, comma-separated (default: any)"
+        )
         add_actor_argument(create, "creates the key")
-        sub.add_parser("list", help="every key: prefix, name, scopes, person, expiry, revocation, last use")
+        sub.add_parser("list", help="every key: prefix, name, scopes, kinds, queues, person, expiry, revocation, last use")
         revoke = sub.add_parser("revoke", help="revoke a key at once (every server process forgets it)")
         revoke.add_argument("prefix", type=prefix, help="the key's prefix, e.g. kk_1a2b3c4d")
         add_actor_argument(revoke, "revokes the key")
@@ -69,10 +93,13 @@ class Command(BaseCommand):
                     person=person,
                     expires_at=timezone.now() + timedelta(days=days) if days else None,
                     actor=cli_actor(options["actor"]),
+                    kinds=options["kinds"],
+                    queues=options["queues"],
                 )
                 self.stdout.write(
                     f"created key kk_{row.prefix} ({row.name}; scopes {', '.join(row.scopes)}; "
-                    f"{'person ' + person if person else 'machine key'}; expires {_when(row.expires_at)}). "
+                    f"{'person ' + person if person else 'machine key'}; kinds {_limit(row.kinds)}; "
+                    f"queues {_limit(row.queues)}; expires {_when(row.expires_at)}). "
                     "Copy it now, it is not shown again:"
                 )
                 self.stdout.write(raw)
@@ -92,6 +119,7 @@ class Command(BaseCommand):
             person = row.person.get_username() if row.person else "-"
             revoked = f"revoked {_when(row.revoked_at)} by {row.revoked_by}" if row.revoked_at else "active"
             self.stdout.write(
-                f"kk_{row.prefix}  {row.name}  scopes={','.join(row.scopes)}  person={person}  "
+                f"kk_{row.prefix}  {row.name}  scopes={','.join(row.scopes)}  kinds={_limit(row.kinds)}  "
+                f"queues={_limit(row.queues)}  person={person}  "
                 f"expires={_when(row.expires_at)}  {revoked}  last_used={_when(row.last_used_at)}"
             )

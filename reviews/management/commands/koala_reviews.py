@@ -3,20 +3,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from koala import cli
 from reviews.models import ReviewRequest, ReviewState
-from reviews.services import approve_review, reject_review
+from reviews.services import NotAReviewer, approve_review, reject_review
 from workers.errors import SafetyError
-from workers.management.commands._common import add_actor_argument, cli_actor, id_of
+from workers.management.commands._common import id_of
 
 
 class Command(BaseCommand):
     help = (
         "The review queue for critical actions. `list` (pending, oldest first; --all for history), `show ID`, "
-        "`approve ID [--comment]`, `reject ID --comment`. Four-eyes: whoever enqueued a job cannot approve it."
+        "`approve ID --actor USER [--comment]`, `reject ID --actor USER --comment`. Only a reviewer (an active user "
+        "of the reviewers group) decides; four-eyes: whoever enqueued a job cannot approve it."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -30,7 +32,13 @@ class Command(BaseCommand):
             decide.add_argument("review_id", type=id_of(ReviewRequest))
             # The review keeps at most this much of the comment; longer is refused, not cut.
             decide.add_argument("--comment", type=cli.text(1000, allow_empty=True), default="", help="required to reject")
-            add_actor_argument(decide, "decides")
+            # No default ($USER@cli names no user): the decision names its reviewer, whom the service checks.
+            decide.add_argument(
+                "--actor",
+                type=cli.username(get_user_model()),
+                required=True,
+                help="the reviewer's user name (an active user of the reviewers group, not the requester)",
+            )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -77,12 +85,14 @@ class Command(BaseCommand):
                 )
             )
             return
-        actor = cli_actor(options["actor"])
+        actor = options["actor"]
         try:
             if action == "approve":
                 review = approve_review(review_id=review_id, actor=actor, comment=options["comment"])
             else:
                 review = reject_review(review_id=review_id, actor=actor, comment=options["comment"])
+        except NotAReviewer as exc:
+            raise CommandError(f"--actor: {exc}") from None
         except SafetyError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"review {review.pk} {review.state} by {actor}")
