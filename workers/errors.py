@@ -133,7 +133,7 @@ class Park(BaseException):
     """Raised inside a body by the safety layer to set the job aside without using an attempt.
 
     A BaseException so a body's broad ``except Exception`` cannot swallow it. The runtime
-    answers it with ``leases.park``: the lease is released, no worker waits.
+    answers it with a ``Park`` decision (workers.transitions): the lease is released, no worker waits.
     """
 
     def __init__(self, reason: str, detail: str, parked_on: dict[str, object] | None = None) -> None:
