@@ -344,7 +344,12 @@ def test_a_declined_operation_fails_the_job_and_one_over_the_review_line_parks_i
         row = wait_state(declined, JobState.FAILED)
         parked = wait_state(reviewed, JobState.PARKED)
         wait_for(lambda: reviewed in ended, timeout=10, what="the parked body to end")
-    assert row.failure_reason == "terminal" and row.error_class == "declined" and "card declined" in row.error_message
+    # Named as an RQ worker's record names the same failure (workers.outcomes.error_class_of).
+    assert (
+        row.failure_reason == "terminal"
+        and row.error_class == "TerminalFailure:declined"
+        and "card declined" in row.error_message
+    )
     assert calls == [declined]  # the one over the line was never sent
     assert parked.park_reason == "waiting_review" and parked.attempts == 0
     assert Operation.objects.get(job_id=declined).state == OperationState.FAILED
