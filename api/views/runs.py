@@ -11,7 +11,9 @@ from datetime import datetime
 from functools import wraps
 from typing import Any
 
-from django.db import transaction
+import logging
+
+from django.db import InterfaceError, OperationalError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -25,6 +27,7 @@ from workers.models import Job
 from workers.selectors.jobs import JobView, job_for_person
 from workers.services.jobs import MAX_DELAY_SECONDS, cancel_job, enqueue
 
+log = logging.getLogger("koala.api")
 BIGINT_MAX = 2**63 - 1
 View = Callable[..., HttpResponse]
 
@@ -49,6 +52,14 @@ def execute_call(*methods: str) -> Callable[[View], View]:
                 return view(request, principal, *args, **kwargs)
             except ApiError as refused:
                 return refused.response()
+            except (OperationalError, InterfaceError) as exc:
+                # The database is away (a restart, a failover): as the worker calls answer it.
+                log.warning("job call %s: database unavailable (%s)", view.__name__, type(exc).__name__)
+                return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+            except Exception:
+                # A JSON answer, never Django's HTML page: a client parses every answer as JSON.
+                log.exception("job call %s failed", view.__name__)
+                return ApiError(500, "internal_error", "the server failed on this call; it was logged").response()
 
         return call
 
@@ -101,7 +112,7 @@ def start_job(request: HttpRequest, principal: Principal) -> HttpResponse:
         try:
             targets.check_queue(queue)
         except UnknownName as exc:
-            raise http.invalid("queue", str(exc)) from None
+            raise ApiError(400, "unknown_queue", f"queue: {exc}") from None  # as register answers it
     # The key's limits, before anything is written: the kind and version the job would run as,
     # and the queue it would wait on.
     require_kinds(principal, [contract.key], field="kind")

@@ -108,7 +108,7 @@ def test_a_persons_key_starts_and_cancels_as_that_person(client: Client) -> None
         ({"kind": "noop", "input": [1]}, 400, "invalid_request", "input"),
         ({"kind": "noop", "input": {"a": "x" * 20_000}}, 400, "invalid_request", "input"),
         ({"kind": "noop", "input": {"a": "\u0000"}}, 400, "invalid_request", "body.input.a"),
-        ({"kind": "noop", "queue": "nope"}, 400, "invalid_request", "queue"),
+        ({"kind": "noop", "queue": "nope"}, 400, "unknown_queue", "queue"),
         ({"kind": "noop", "queue": ""}, 400, "invalid_request", "queue"),
         ({"kind": "noop", "priority": 40000}, 400, "invalid_request", "priority"),
         ({"kind": "noop", "priority": 1.5}, 400, "invalid_request", "priority"),
