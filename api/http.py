@@ -35,6 +35,11 @@ def invalid(field: str, why: str) -> ApiError:
     return ApiError(400, "invalid_request", f"{field}: {why}")
 
 
+def unavailable() -> ApiError:
+    """503 with Retry-After: the database is away (a restart, a failover); the caller backs off."""
+    return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"})
+
+
 def max_body_bytes() -> int:
     return int(getattr(settings, "KOALA_API_MAX_BODY_BYTES", 1024 * 1024))
 

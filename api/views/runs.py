@@ -6,12 +6,11 @@ as JSON, and a refused call changes nothing. Keys, not cookies: no CSRF token.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
 from typing import Any
-
-import logging
 
 from django.db import InterfaceError, OperationalError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -55,7 +54,7 @@ def execute_call(*methods: str) -> Callable[[View], View]:
             except (OperationalError, InterfaceError) as exc:
                 # The database is away (a restart, a failover): as the worker calls answer it.
                 log.warning("job call %s: database unavailable (%s)", view.__name__, type(exc).__name__)
-                return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+                return http.unavailable().response()
             except Exception:
                 # A JSON answer, never Django's HTML page: a client parses every answer as JSON.
                 log.exception("job call %s failed", view.__name__)

@@ -66,7 +66,7 @@ def _serve(view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: di
     except (OperationalError, InterfaceError) as exc:
         # The database is away (a restart, a failover): the worker backs off and tries again.
         log.warning("worker API call %s: database unavailable (%s)", view.__name__, type(exc).__name__)
-        return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+        return http.unavailable().response()
 
 
 def _principal(request: HttpRequest) -> Principal:
@@ -200,7 +200,7 @@ async def acquire(request: HttpRequest, worker_id: str) -> HttpResponse:
         ).response()
     except (OperationalError, InterfaceError) as exc:
         log.warning("worker API acquire: database unavailable (%s)", type(exc).__name__)
-        return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"}).response()
+        return http.unavailable().response()
     if not got:
         return HttpResponse(status=204)
     return JsonResponse({"leases": [protocol.lease_payload(lease, worker_id=worker_id) for lease in got]})
