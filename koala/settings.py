@@ -56,7 +56,7 @@ try:
     if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         raise ConfigError(f"LOG_LEVEL={LOG_LEVEL!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL.")
 
-    # Koala's engine limits. Defaults follow DESIGN.md: heartbeat ~10 s against a ~30 s lease.
+    # Koala's engine limits. Defaults: a heartbeat about every 10 s against a 30 s lease (three beats per lease).
     KOALA_LEASE_SECONDS = env.number("KOALA_LEASE_SECONDS", 30.0, minimum=1.0)
     KOALA_HEARTBEAT_SECONDS = env.number("KOALA_HEARTBEAT_SECONDS", 10.0, minimum=0.1)
     KOALA_ORPHAN_GRACE_SECONDS = env.number("KOALA_ORPHAN_GRACE_SECONDS", 10.0, minimum=0.0)
