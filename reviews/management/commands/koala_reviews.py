@@ -31,7 +31,12 @@ class Command(BaseCommand):
             decide = sub.add_parser(name, help=f"{name} a pending review")
             decide.add_argument("review_id", type=id_of(ReviewRequest))
             # The review keeps at most this much of the comment; longer is refused, not cut.
-            decide.add_argument("--comment", type=cli.text(1000, allow_empty=True), default="", help="required to reject")
+            decide.add_argument(
+                "--comment",
+                type=cli.text(1000, allow_empty=True),
+                default="",
+                help="why it is rejected (required)" if name == "reject" else "a note kept with the approval (optional)",
+            )
             # No default ($USER@cli names no user): the decision names its reviewer, whom the service checks.
             decide.add_argument(
                 "--actor",
