@@ -333,8 +333,10 @@ def test_systemd_analyze_verify_accepts_every_unit(tmp_path: Path) -> None:
         for prefix in (HOST_CODE, HOST_CONFIG, HOST_STATE):
             text = text.replace(prefix, host.path(prefix))
         (folder / name).write_text(text)
+    # Templates as an instance: a worker, and the alert its OnFailure=koala-alert@%N.service starts.
+    instances = {"koala-worker@.service": "koala-worker@1.service", "koala-alert@.service": "koala-alert@koala-worker@1.service"}
     for name in ALL_UNITS:
-        instance = name.replace("@.", "@1.") if "@." in name else name
+        instance = instances.get(name, name)
         assert verify(tool, folder, instance) == [], f"systemd-analyze verify {instance}"
 
     # The check can fail: a misspelt value and an unknown key are reported (verify exits 0 on both).
