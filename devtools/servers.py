@@ -1,5 +1,6 @@
 """How Koala's web server is started: the one uvicorn command line ``koala_run``, the tests'
-live API server (tests/support/api_server.py) and the worker API benchmark all use."""
+live API server (tests/support/api_server.py), the worker API benchmark and the systemd unit
+(deploy/systemd/koala-web.service) all use."""
 
 from __future__ import annotations
 
@@ -13,20 +14,33 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def uvicorn_command(
-    *, host: str, port: int, access_log: bool = True, graceful_seconds: float = 5, extra: tuple[str, ...] = ()
+    *,
+    host: str,
+    port: int,
+    access_log: bool = True,
+    graceful_seconds: float = 5,
+    workers: int | None = None,
+    forwarded_allow_ips: str | None = None,
+    python: str = sys.executable,
+    app_dir: str = str(REPO),
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     """``python -m uvicorn koala.asgi:application`` bound to ``host``:``port``.
 
     ``--lifespan off``: Django's ASGI handler does not speak the lifespan protocol (uvicorn would
     only log that it is unsupported). ``--app-dir``: the checkout, wherever the caller stands.
+    ``workers``: that many server processes (each runs one long-poll hub). ``forwarded_allow_ips``:
+    the TLS proxy's addresses, the only peers whose X-Forwarded-Proto/-For uvicorn applies.
+    deploy/systemd/koala-web.service runs this command with ``python``/``app_dir`` under
+    /opt/koala (tests/unit/test_deploy_units.py compares them).
     """
     command = [
-        sys.executable,
+        python,
         "-m",
         "uvicorn",
         "koala.asgi:application",
         "--app-dir",
-        str(REPO),
+        app_dir,
         "--host",
         host,
         "--port",
@@ -36,6 +50,10 @@ def uvicorn_command(
         "--timeout-graceful-shutdown",
         f"{graceful_seconds:g}",
     ]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    if forwarded_allow_ips is not None:
+        command += ["--proxy-headers", "--forwarded-allow-ips", forwarded_allow_ips]
     if not access_log:
         command.append("--no-access-log")
     return [*command, *extra]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 
 PLACEHOLDER_SECRET = "insecure-dev-only-secret-key"  # noqa: S105 - the value this check refuses
 
@@ -67,3 +68,23 @@ def check_session_bounds(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         if getattr(settings, name) >= lease:
             errors.append(Error(f"{name} must be shorter than KOALA_LEASE_SECONDS ({lease:g}).", id="koala.E005"))
     return errors
+
+
+@register(Tags.security, deploy=True)
+def check_export_root_outside_the_code(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    # A deployment's code is read-only (deploy/systemd: ProtectSystem=strict): an exports folder
+    # inside the checkout (the default, .koala-data/ there) makes every export fail when it writes.
+    storage = settings.STORAGES.get("exports", {})
+    if storage.get("BACKEND") != "django.core.files.storage.FileSystemStorage":
+        return []
+    location = Path(storage.get("OPTIONS", {}).get("location") or settings.MEDIA_ROOT).resolve()
+    if location.is_relative_to(Path(settings.BASE_DIR).resolve()):
+        return [
+            Warning(
+                f"The exports folder {location} is inside the code checkout, which a deployment keeps read-only.",
+                hint="Set KOALA_DATA_DIR (or KOALA_EXPORT_ROOT) to a writable folder, e.g. /var/lib/koala "
+                "(deploy/systemd/koala.env.example).",
+                id="koala.W001",
+            )
+        ]
+    return []

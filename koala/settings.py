@@ -98,11 +98,14 @@ try:
     KOALA_STUCK_AFTER_SECONDS = env.number("KOALA_STUCK_AFTER_SECONDS", 300.0, minimum=1.0)
     KOALA_CRASH_LOOP_STARTS = env.integer("KOALA_CRASH_LOOP_STARTS", 3, minimum=2)
     KOALA_CRASH_LOOP_WINDOW_SECONDS = env.number("KOALA_CRASH_LOOP_WINDOW_SECONDS", 600.0, minimum=10.0)
+    # Where Koala writes files at run time (exports, collected static files): one folder, which a
+    # deployment makes writable (deploy/systemd: StateDirectory=koala, /var/lib/koala); locally
+    # .koala-data/ in the checkout, beside the embedded services' data.
+    KOALA_DATA_DIR = Path(env.string("KOALA_DATA_DIR", "") or BASE_DIR / ".koala-data")
+    STATIC_ROOT = Path(env.string("STATIC_ROOT", "") or KOALA_DATA_DIR / "staticfiles")
     # CSV exports (docs/exports.md). The caps bound what any request may ask for; a request
     # beyond them is refused, and an export that crosses its own limits stops with a terminal reason.
-    KOALA_EXPORT_ROOT = Path(
-        env.string("KOALA_EXPORT_ROOT", "") or Path(env.string("KOALA_DATA_DIR", "") or BASE_DIR / ".koala-data") / "exports"
-    )
+    KOALA_EXPORT_ROOT = Path(env.string("KOALA_EXPORT_ROOT", "") or KOALA_DATA_DIR / "exports")
     KOALA_EXPORT_MAX_ROWS = env.integer("KOALA_EXPORT_MAX_ROWS", 10_000_000, minimum=1)
     KOALA_EXPORT_MAX_BYTES = env.integer("KOALA_EXPORT_MAX_BYTES", 4 * 1024**3, minimum=1)
     KOALA_EXPORT_MAX_SECONDS = env.number("KOALA_EXPORT_MAX_SECONDS", 3600.0, minimum=1.0)
@@ -166,6 +169,28 @@ try:
     KOALA_EMAIL_MESSAGE_ID_DOMAIN = (
         env.string("KOALA_EMAIL_MESSAGE_ID_DOMAIN", "") or DEFAULT_FROM_EMAIL.rpartition("@")[2] or "koala.invalid"
     )
+
+    # HTTPS behind a TLS-terminating proxy (docs/configuration.md, "Behind a TLS proxy"). Off by
+    # default, so `make run` and the tests' plain-HTTP servers work; deploy/systemd/koala.env.example
+    # turns them on, and `manage.py check --deploy` warns about each one left off.
+    SECURE_SSL_REDIRECT = env.boolean("KOALA_SECURE_SSL_REDIRECT", False)
+    SECURE_HSTS_SECONDS = env.integer("KOALA_HSTS_SECONDS", 0, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("KOALA_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env.boolean("KOALA_HSTS_PRELOAD", False)
+    if (SECURE_HSTS_INCLUDE_SUBDOMAINS or SECURE_HSTS_PRELOAD) and not SECURE_HSTS_SECONDS:
+        raise ConfigError(
+            "KOALA_HSTS_INCLUDE_SUBDOMAINS and KOALA_HSTS_PRELOAD need KOALA_HSTS_SECONDS (no HSTS header is sent without it)."
+        )
+    if SECURE_HSTS_PRELOAD and (SECURE_HSTS_SECONDS < 31_536_000 or not SECURE_HSTS_INCLUDE_SUBDOMAINS):
+        # The browsers' preload list takes a site only with both; a preload directive without them is a mistake.
+        raise ConfigError(
+            "KOALA_HSTS_PRELOAD needs KOALA_HSTS_INCLUDE_SUBDOMAINS=true and KOALA_HSTS_SECONDS of at least 31536000."
+        )
+    # Django reads X-Forwarded-Proto itself only when told to. Under the shipped uvicorn command the
+    # ASGI server already applies it, and only from --forwarded-allow-ips; this is for a server
+    # that does not (koala.wsgi), reachable by nothing but the proxy, which must set the header.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env.boolean("KOALA_TRUST_X_FORWARDED_PROTO", False) else None
+    SECURE_COOKIES = env.boolean("SECURE_COOKIES", True)
 except ConfigError as _exc:
     # A clear one-line message beats a traceback through the settings module.
     sys.stderr.write(f"Koala configuration error: {_exc}\n")
@@ -250,7 +275,6 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(env.string("STATIC_ROOT", str(BASE_DIR / ".koala-data" / "staticfiles")))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # WhiteNoise serves straight from the finders (static/ and the apps), so the admin looks right
 # without a collectstatic step; after `collectstatic` it serves STATIC_ROOT as well.
@@ -268,7 +292,7 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "admin:login"
 
-SESSION_COOKIE_SECURE = not DEBUG and env.boolean("SECURE_COOKIES", True)
+SESSION_COOKIE_SECURE = not DEBUG and SECURE_COOKIES
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SESSION_COOKIE_HTTPONLY = True
 # Forms carry the CSRF token; no script needs to read the cookie.

@@ -1,0 +1,210 @@
+"""The shipped systemd units (deploy/systemd/) as data, and each one's command as a test runs it.
+
+A unit file is read as systemd reads it (sections, ``Key=value`` lines, repeated keys kept in
+order, ``#``/``;`` comments, ``\\`` continuations); its ``ExecStart=`` line becomes an argument
+list with the specifiers systemd expands (``%d %H %i %n %N %%``; any other is an error, so a new
+one cannot slip by unexpanded). ``Host`` is a temporary tree laid out like a host installed as
+docs/operations.md says: ``/opt/koala`` (a symlink to this checkout, its ``.venv`` included),
+``/etc/koala/koala.env`` (the env example, with the test's database and Redis), the credentials
+folder (``%d``), ``/var/lib/koala`` (the units' ``StateDirectory=``). Every host path in a
+command, an ``Environment=`` value or the env file is moved under that tree, and the process gets
+the environment systemd gives a service: its own variables and nothing inherited from the test.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+UNITS_DIR = REPO / "deploy" / "systemd"
+ENV_EXAMPLE = UNITS_DIR / "koala.env.example"
+SERVICE_UNITS = ("koala-migrate.service", "koala-web.service", "koala-worker@.service", "koala-beat.service")
+ALL_UNITS = (*SERVICE_UNITS, "koala-alert@.service")
+# The host folders the units name, and what each is (moved under Host.root by the tests).
+HOST_CODE, HOST_CONFIG, HOST_STATE = "/opt/koala", "/etc/koala", "/var/lib/koala"
+# What systemd's service manager puts in every service's environment before the unit's own.
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+@dataclass
+class Unit:
+    path: Path
+    sections: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def values(self, section: str, key: str) -> list[str]:
+        return [value for k, value in self.sections.get(section, []) if k == key]
+
+    def value(self, section: str, key: str) -> str | None:
+        """The last assignment (what systemd uses for a single-valued key), or None."""
+        found = self.values(section, key)
+        return found[-1] if found else None
+
+    def instance_name(self, instance: str = "1") -> str:
+        """``koala-worker@1.service`` for a template, the name itself otherwise."""
+        return self.name.replace("@.", f"@{instance}.") if "@." in self.name else self.name
+
+
+def parse_unit(path: Path) -> Unit:
+    unit = Unit(path=path)
+    section: str | None = None
+    pending = ""
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = pending + raw.strip() if pending else raw.strip()
+        pending = ""
+        if not line or line[0] in "#;":
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip() + " "
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            unit.sections.setdefault(section, [])
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or section is None:
+            raise ValueError(f"{path.name}:{number}: not a Key=value line inside a section: {raw!r}")
+        unit.sections[section].append((key.strip(), value.strip()))
+    return unit
+
+
+def units() -> dict[str, Unit]:
+    return {name: parse_unit(UNITS_DIR / name) for name in ALL_UNITS}
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines as systemd's EnvironmentFile= reads them (the example uses no quotes)."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"{path.name}:{number}: not a KEY=value line: {raw!r}")
+        if value[:1] in ("'", '"'):
+            raise ValueError(f"{path.name}:{number}: quoted values are not read here; write {key}=value")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def expand_specifiers(text: str, *, unit_name: str, credentials: str, hostname: str) -> str:
+    """systemd's specifiers, as expanded for ``unit_name`` (an instance name for a template)."""
+    prefix = unit_name.rpartition(".")[0]
+    instance = prefix.partition("@")[2]
+    table = {"d": credentials, "H": hostname, "i": instance, "n": unit_name, "N": prefix, "%": "%"}
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "%":
+            spec = text[i + 1 : i + 2]
+            if spec not in table:
+                raise ValueError(f"{unit_name}: the specifier %{spec} is not one this test expands: {text!r}")
+            out.append(table[spec])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def command_line(value: str) -> list[str]:
+    """An ``ExecStart=`` value as argv: no prefix (``-@:+!``) and no ``$VAR`` (the units use none,
+    so a command here is exactly what systemd runs)."""
+    if value[:1] in "-@:+!":
+        raise ValueError(f"ExecStart prefixes are not expected in Koala's units: {value!r}")
+    if "$" in value:
+        raise ValueError(f"ExecStart must not expand variables (systemd and this test would differ): {value!r}")
+    return shlex.split(value)
+
+
+class Host:
+    """A temporary tree laid out like an installed host (see the module docstring)."""
+
+    def __init__(self, root: Path, *, env_overrides: dict[str, str]) -> None:
+        self.root = root
+        self.hostname = socket.gethostname()
+        (root / "opt").mkdir(parents=True)
+        (root / HOST_CODE.lstrip("/")).symlink_to(REPO)
+        self.state = root / HOST_STATE.lstrip("/")
+        self.state.mkdir(parents=True, mode=0o750)  # StateDirectory=koala, StateDirectoryMode=0750
+        self.config = root / HOST_CONFIG.lstrip("/")
+        (self.config / "credentials").mkdir(parents=True, mode=0o700)
+        (self.config / "credentials" / "secret_key").write_text(secrets.token_urlsafe(50) + "\n")
+        self.env_file = self.config / "koala.env"
+        example = read_env_file(ENV_EXAMPLE)
+        unknown = set(env_overrides) - set(example)
+        if unknown:
+            raise ValueError(f"overrides for variables the env example does not set: {sorted(unknown)}")
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in {**example, **env_overrides}.items()))
+
+    def path(self, host_path: str) -> str:
+        """A host path (or a value starting with one) moved under the tree; anything else unchanged."""
+        for prefix in (HOST_CODE, HOST_CONFIG, HOST_STATE):
+            if host_path == prefix or host_path.startswith(prefix + "/"):
+                return str(self.root / prefix.lstrip("/")) + host_path[len(prefix) :]
+        return host_path
+
+    def credentials_dir(self, unit: Unit, instance: str = "1") -> Path:
+        """What LoadCredential= gives the service: a private folder holding a copy of each credential."""
+        folder = self.root / "run" / "credentials" / unit.instance_name(instance)
+        if not folder.exists():
+            folder.mkdir(parents=True, mode=0o700)
+            for entry in unit.values("Service", "LoadCredential"):
+                name, _, source = entry.partition(":")
+                (folder / name).write_bytes(Path(self.path(source)).read_bytes())
+        return folder
+
+    def _expand(self, unit: Unit, text: str, instance: str) -> str:
+        return expand_specifiers(
+            text,
+            unit_name=unit.instance_name(instance),
+            credentials=str(self.credentials_dir(unit, instance)),
+            hostname=self.hostname,
+        )
+
+    def environment(self, unit: Unit, instance: str = "1") -> dict[str, str]:
+        """The service's environment: systemd's own variables, EnvironmentFile=, then Environment=."""
+        env = {
+            "PATH": SYSTEMD_PATH,
+            "LANG": "C.UTF-8",
+            "HOME": str(self.state),  # the koala user's home (useradd --home-dir /var/lib/koala)
+            "CREDENTIALS_DIRECTORY": str(self.credentials_dir(unit, instance)),
+        }
+        if unit.value("Service", "StateDirectory"):
+            env["STATE_DIRECTORY"] = self.path(f"/var/lib/{unit.value('Service', 'StateDirectory')}")
+        for name in unit.values("Service", "EnvironmentFile"):
+            if self.path(name) != str(self.env_file):
+                raise ValueError(f"{unit.name}: EnvironmentFile={name} is not /etc/koala/koala.env")
+            env.update({key: self.path(value) for key, value in read_env_file(self.env_file).items()})
+        for assignment in unit.values("Service", "Environment"):
+            for word in shlex.split(assignment):
+                key, _, value = self._expand(unit, word, instance).partition("=")
+                env[key] = self.path(value)
+        return env
+
+    def commands(self, unit: Unit, *, instance: str = "1", port: int | None = None) -> list[list[str]]:
+        """Every ExecStart= of the unit (a oneshot may have several) as argv under the tree;
+        ``port`` replaces the value of ``--port``."""
+        result = []
+        for line in unit.values("Service", "ExecStart"):
+            argv = [self.path(word) for word in command_line(self._expand(unit, line, instance))]
+            if port is not None:
+                if "--port" not in argv:
+                    raise ValueError(f"{unit.name}: no --port to replace in {argv}")
+                argv[argv.index("--port") + 1] = str(port)
+            result.append(argv)
+        return result
+
+    def cwd(self, unit: Unit) -> str:
+        directory = unit.value("Service", "WorkingDirectory")
+        if directory is None:
+            raise ValueError(f"{unit.name} has no WorkingDirectory=")
+        return self.path(directory)

@@ -1,0 +1,287 @@
+"""The shipped systemd units and env example, read as data: what every unit must say, that each
+command is one this checkout can run, and that the settings they rely on parse strictly.
+
+Whether each command really serves is tests/acceptance/test_deploy_units.py (it starts them);
+``systemd-analyze verify`` runs there too.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import runpy
+from contextlib import redirect_stderr
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import get_commands
+from django.test import override_settings
+
+from devtools.servers import uvicorn_command
+from koala.checks import check_export_root_outside_the_code
+from tests.support.units import (
+    ALL_UNITS,
+    ENV_EXAMPLE,
+    HOST_CODE,
+    HOST_STATE,
+    REPO,
+    SERVICE_UNITS,
+    UNITS_DIR,
+    Unit,
+    command_line,
+    parse_unit,
+    read_env_file,
+    units,
+)
+
+VENV_PYTHON = f"{HOST_CODE}/.venv/bin/python"
+LONG_RUNNING = tuple(name for name in SERVICE_UNITS if name != "koala-migrate.service")
+# Every service unit says these, exactly.
+SAME_IN_EVERY_SERVICE = {
+    "User": "koala",
+    "Group": "koala",
+    "WorkingDirectory": HOST_CODE,
+    "EnvironmentFile": "/etc/koala/koala.env",
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "StateDirectory": "koala",
+    "StateDirectoryMode": "0750",
+    "LoadCredential": "secret_key:/etc/koala/credentials/secret_key",
+}
+SECRETS = {"SECRET_KEY", "KOALA_PAYMENTS_API_KEY", "KOALA_MODELS_API_KEY", "EMAIL_HOST_PASSWORD", "SENTRY_DSN"}
+
+
+def seconds(value: str | None) -> float:
+    """A systemd time span as the units write it (``75``, ``75s``, ``5min``)."""
+    assert value, "a time span is set"
+    match = re.fullmatch(r"(\d+)(s|min)?", value)
+    assert match, f"write {value!r} as seconds or minutes"
+    return float(match[1]) * (60 if match[2] == "min" else 1)
+
+
+def exec_start(unit: Unit) -> list[str]:
+    [line] = unit.values("Service", "ExecStart")
+    return command_line(line)
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_every_unit_file_is_known_and_parses() -> None:
+    shipped = {p.name for p in UNITS_DIR.glob("*.service")}
+    assert shipped == set(ALL_UNITS), "a new unit belongs in tests/support/units.py (then every check here covers it)"
+    assert all(unit.sections.get("Service") for unit in units().values())
+
+
+@pytest.mark.parametrize("name", SERVICE_UNITS)
+def test_every_service_runs_as_koala_confined_with_its_environment_and_secret(name: str) -> None:
+    unit = units()[name]
+    said = {key: unit.values("Service", key) for key in SAME_IN_EVERY_SERVICE}
+    assert said == {key: [value] for key, value in SAME_IN_EVERY_SERVICE.items()}
+    assert "SECRET_KEY_FILE=%d/secret_key" in unit.values("Service", "Environment")
+    assert unit.value("Service", "Type") in {"exec", "oneshot"}, "exec: a start fails when the program cannot run"
+    assert unit.value("Service", "MemoryMax"), "a memory bound"
+    assert unit.value("Unit", "OnFailure") == "koala-alert@%N.service"
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_every_server_restarts_boundedly_after_the_migrations_and_is_enabled(name: str) -> None:
+    unit = units()[name]
+    assert unit.value("Service", "Restart") == "on-failure"
+    assert seconds(unit.value("Service", "RestartSec")) >= 1
+    burst, interval = unit.value("Unit", "StartLimitBurst"), seconds(unit.value("Unit", "StartLimitIntervalSec"))
+    assert burst and 2 <= int(burst) and interval > int(burst) * seconds(unit.value("Service", "RestartSec")), (
+        "the start limit must be reachable by a crash loop (burst restarts fit in the interval)"
+    )
+    assert unit.value("Service", "CPUQuota"), "a CPU bound"
+    assert unit.value("Service", "TimeoutStopSec")
+    for key in ("After", "Wants"):
+        assert "koala-migrate.service" in " ".join(unit.values("Unit", key)).split(), f"{key}=koala-migrate.service"
+    assert unit.value("Install", "WantedBy") == "multi-user.target"
+
+
+def test_the_units_name_only_units_that_are_shipped() -> None:
+    for unit in units().values():
+        for key in ("After", "Wants", "Requires", "OnFailure"):
+            for named in " ".join(unit.values("Unit", key)).split():
+                if named.startswith("koala-"):
+                    template = re.sub(r"@[^.]+\.", "@.", named)
+                    assert (UNITS_DIR / template).exists(), f"{unit.name}: {key}={named} is not in deploy/systemd"
+
+
+@pytest.mark.parametrize("name", SERVICE_UNITS)
+def test_every_command_is_the_venvs_python_running_something_this_checkout_has(name: str) -> None:
+    """The old web unit ran /opt/koala/.venv/bin/gunicorn, which no requirement installs."""
+    unit = units()[name]
+    lines = unit.values("Service", "ExecStart")
+    assert lines and (len(lines) == 1 or unit.value("Service", "Type") == "oneshot")
+    pinned = {re.split(r"[<>=\[ ]", line)[0].lower() for line in (REPO / "requirements/base.in").read_text().splitlines()}
+    for line in lines:
+        argv = command_line(line)
+        assert argv[0] == VENV_PYTHON, f"{name}: {argv[0]}"
+        if argv[1] == "-m":
+            assert argv[2] in pinned, f"{name}: python -m {argv[2]}: not a runtime requirement (requirements/base.in)"
+        else:
+            assert argv[1] == "manage.py" and argv[2] in get_commands(), f"{name}: {argv[1:3]}"
+
+
+def test_the_web_runs_uvicorn_on_asgi_with_the_options_of_devtools_servers() -> None:
+    unit = units()["koala-web.service"]
+    argv = exec_start(unit)
+    graceful = float(option(argv, "--timeout-graceful-shutdown"))
+    expected = uvicorn_command(
+        python=VENV_PYTHON,
+        app_dir=HOST_CODE,
+        host=option(argv, "--host"),
+        port=int(option(argv, "--port")),
+        workers=int(option(argv, "--workers")),
+        forwarded_allow_ips=option(argv, "--forwarded-allow-ips"),
+        graceful_seconds=graceful,
+        access_log=False,
+    )
+    assert argv == expected
+    assert "koala.asgi:application" in argv and option(argv, "--host") == "127.0.0.1", "loopback: the proxy is in front"
+    assert seconds(unit.value("Service", "TimeoutStopSec")) > graceful, "systemd waits for the graceful shutdown"
+
+
+def test_the_worker_is_never_killed_before_its_shutdown_deadline_and_release() -> None:
+    unit = units()["koala-worker@.service"]
+    argv = exec_start(unit)
+    env = read_env_file(ENV_EXAMPLE)
+    assert "KOALA_SHUTDOWN_DEADLINE_SECONDS" not in env, "one deadline, in the unit, beside its TimeoutStopSec"
+    deadline = float(option(argv, "--shutdown-deadline"))
+    lease = float(env.get("KOALA_LEASE_SECONDS", 30))
+    statement_timeout = float(env.get("KOALA_DB_STATEMENT_TIMEOUT_SECONDS", lease / 3))
+    # After the deadline the worker releases the job: writes bounded by the statement timeout.
+    assert seconds(unit.value("Service", "TimeoutStopSec")) > deadline + statement_timeout
+    assert (unit.value("Service", "KillSignal"), unit.value("Service", "KillMode")) == ("SIGTERM", "control-group")
+    assert "%i" in option(argv, "--name"), "each instance has its own fixed name"
+
+
+def test_the_migrate_step_migrates_then_collects_static_files_and_is_never_cut_short() -> None:
+    unit = units()["koala-migrate.service"]
+    assert [command_line(line)[1:3] for line in unit.values("Service", "ExecStart")] == [
+        ["manage.py", "migrate"],
+        ["manage.py", "collectstatic"],
+    ]
+    assert all("--noinput" in command_line(line) for line in unit.values("Service", "ExecStart"))
+    assert (unit.value("Service", "Type"), unit.value("Service", "RemainAfterExit")) == ("oneshot", "yes")
+    assert unit.value("Service", "TimeoutStartSec") == "infinity"
+
+
+def test_the_env_example_keeps_every_written_file_in_the_state_directory_and_no_secret() -> None:
+    env = read_env_file(ENV_EXAMPLE)
+    for name in ("KOALA_DATA_DIR", "KOALA_EXPORT_ROOT", "STATIC_ROOT"):
+        assert name in env and (env[name] == HOST_STATE or env[name].startswith(HOST_STATE + "/")), (
+            f"{name} must be under {HOST_STATE} (StateDirectory=koala: the one writable folder under ProtectSystem=strict)"
+        )
+    assert not SECRETS & set(env), "secrets are credentials (LoadCredential, NAME_FILE), never in the env file"
+    assert not any(name.endswith("_FILE") for name in env), "a *_FILE path is a credential: %d only expands in a unit"
+    assert env.get("DEBUG", "false") == "false"
+
+
+def test_every_variable_of_the_env_example_is_documented() -> None:
+    documented = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", (REPO / "docs/configuration.md").read_text()))
+    missing = set(read_env_file(ENV_EXAMPLE)) - documented
+    assert not missing, f"document these in docs/configuration.md: {sorted(missing)}"
+
+
+# -- the settings the env example relies on --------------------------------------------------------
+def load_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, Any]:
+    """koala/settings.py executed afresh with these variables (and the test's others)."""
+    for name in ("DEBUG", "SECURE_COOKIES", "SECURE_COOKIES_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith(("KOALA_HSTS", "KOALA_SECURE", "KOALA_TRUST"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(REPO / "koala" / "settings.py"), run_name="koala_settings_probe")
+
+
+def refused(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit) as stopped:
+        load_settings(monkeypatch, **env)
+    assert stopped.value.code == 2
+    return stderr.getvalue()
+
+
+def test_https_settings_are_off_by_default_for_make_run_and_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_settings(monkeypatch)
+    assert (
+        loaded["SECURE_SSL_REDIRECT"],
+        loaded["SECURE_HSTS_SECONDS"],
+        loaded["SECURE_HSTS_INCLUDE_SUBDOMAINS"],
+        loaded["SECURE_HSTS_PRELOAD"],
+        loaded["SECURE_PROXY_SSL_HEADER"],
+        loaded["SESSION_COOKIE_SECURE"],
+    ) == (False, 0, False, False, None, True)
+    assert load_settings(monkeypatch, DEBUG="true")["SESSION_COOKIE_SECURE"] is False
+
+
+def test_the_env_examples_https_settings_reach_django(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {k: v for k, v in read_env_file(ENV_EXAMPLE).items() if k.startswith(("KOALA_HSTS", "KOALA_SECURE"))}
+    assert len(env) == 4, env
+    loaded = load_settings(monkeypatch, **env, KOALA_TRUST_X_FORWARDED_PROTO="true")
+    assert (
+        loaded["SECURE_SSL_REDIRECT"],
+        loaded["SECURE_HSTS_SECONDS"],
+        loaded["SECURE_HSTS_INCLUDE_SUBDOMAINS"],
+        loaded["SECURE_HSTS_PRELOAD"],
+        loaded["SECURE_PROXY_SSL_HEADER"],
+    ) == (True, 31_536_000, True, True, ("HTTP_X_FORWARDED_PROTO", "https"))
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KOALA_HSTS_SECONDS": "1y"}, "KOALA_HSTS_SECONDS='1y' is not an integer"),
+        ({"KOALA_HSTS_SECONDS": "-1"}, "KOALA_HSTS_SECONDS=-1 must be at least 0"),
+        ({"KOALA_SECURE_SSL_REDIRECT": "sure"}, "KOALA_SECURE_SSL_REDIRECT='sure' is not a boolean"),
+        ({"KOALA_TRUST_X_FORWARDED_PROTO": "https"}, "KOALA_TRUST_X_FORWARDED_PROTO='https' is not a boolean"),
+        ({"KOALA_HSTS_INCLUDE_SUBDOMAINS": "true"}, "need KOALA_HSTS_SECONDS"),
+        (
+            {"KOALA_HSTS_SECONDS": "3600", "KOALA_HSTS_INCLUDE_SUBDOMAINS": "true", "KOALA_HSTS_PRELOAD": "true"},
+            "KOALA_HSTS_PRELOAD needs",
+        ),
+        ({"KOALA_HSTS_SECONDS": "31536000", "KOALA_HSTS_PRELOAD": "true"}, "KOALA_HSTS_PRELOAD needs"),
+    ],
+)
+def test_a_malformed_https_setting_stops_start_up_naming_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    said = refused(monkeypatch, **env)
+    assert said.startswith("Koala configuration error: ") and message in said, said
+
+
+def test_the_data_dir_holds_exports_and_static_files_unless_each_is_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    loaded = load_settings(monkeypatch, KOALA_DATA_DIR=str(tmp_path))
+    assert (loaded["KOALA_EXPORT_ROOT"], loaded["STATIC_ROOT"]) == (tmp_path / "exports", tmp_path / "staticfiles")
+    assert loaded["STORAGES"]["exports"]["OPTIONS"]["location"] == str(tmp_path / "exports")
+    loaded = load_settings(monkeypatch, KOALA_DATA_DIR=str(tmp_path), STATIC_ROOT=str(tmp_path / "s"))
+    assert loaded["STATIC_ROOT"] == tmp_path / "s"
+
+
+def test_parse_unit_keeps_repeated_keys_and_joins_continuations(tmp_path: Path) -> None:
+    path = tmp_path / "x.service"
+    path.write_text("# c\n[Service]\n; c\nExecStart=/bin/a \\\n  --b\nExecStart=/bin/c\nEnvironment=A=1\nEnvironment=B=2\n")
+    unit = parse_unit(path)
+    assert unit.values("Service", "ExecStart") == ["/bin/a --b", "/bin/c"]
+    assert unit.value("Service", "Environment") == "B=2" and unit.value("Unit", "After") is None
+
+
+def test_check_deploy_warns_about_an_exports_folder_inside_the_code(settings: Any) -> None:
+    """The old env example's exports went to /opt/koala/.koala-data, read-only under ProtectSystem=strict."""
+
+    def with_location(location: str) -> list[str]:
+        exports = {**settings.STORAGES["exports"], "OPTIONS": {"location": location}}
+        with override_settings(STORAGES={**settings.STORAGES, "exports": exports}):
+            return [w.id for w in check_export_root_outside_the_code()]
+
+    assert with_location(str(REPO / ".koala-data" / "exports")) == ["koala.W001"]
+    assert with_location(HOST_STATE + "/exports") == []
