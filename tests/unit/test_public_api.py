@@ -99,6 +99,24 @@ def test_importing_the_root_loads_no_model_before_django_is_set_up() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # starts a Python process: the kinds load once per process, at Django's setup
+def test_the_in_tree_kinds_load_without_touching_a_deprecated_path() -> None:
+    modules = "workers.builtin_kinds,effects.kinds,exports.jobs,workers.tasks_backend,tests.kinds"
+    probe = "import django; django.setup(); from workers import kinds; print(' '.join(k.key for k in kinds.served()))"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "koala.settings", "KOALA_JOB_KIND_MODULES": modules}
+    done = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", probe],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    served = set(done.stdout.split())
+    assert {"noop@1", "http.echo@1", "email.send@1", "export.csv@1", "django.task@1", "tests.charge@1"} <= served
+
+
 # -- the handle ---------------------------------------------------------------------------------
 
 
