@@ -7,11 +7,14 @@ or removed without updating it (and the docs) fails here.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -115,6 +118,48 @@ def test_the_in_tree_kinds_load_without_touching_a_deprecated_path() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     served = set(done.stdout.split())
     assert {"noop@1", "http.echo@1", "email.send@1", "export.csv@1", "django.task@1", "tests.charge@1"} <= served
+
+
+# -- the docs ----------------------------------------------------------------------------------------
+
+DOCS = [REPO / "README.md", REPO / "sdk" / "python" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# The engine modules behind the root, named with a public name (`workers.kinds.remote_kind`).
+BEHIND_THE_ROOT = re.compile(r"\bworkers\.(?:kinds|handles|context|ledger|errors|services\.jobs|services\.budgets)\.(\w+)")
+OLD_PATHS_SECTION = re.compile(r"^### The old import paths\n.*?(?=^#)", flags=re.S | re.M)
+
+
+def imported_from_behind_the_root(block: str) -> list[str]:
+    """``from workers.X import NAME`` in a Python block, for each public NAME."""
+    try:
+        tree = ast.parse(textwrap.dedent(block))
+    except SyntaxError:  # a fragment (a decorator without its function): read its import lines alone
+        lines = [line.strip() for line in block.splitlines() if line.strip().startswith("from workers.")]
+        tree = ast.parse("\n".join(lines))
+    return [
+        f"from {node.module} import {alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workers.")
+        for alias in node.names
+        if alias.name in EXPECTED
+    ]
+
+
+def test_the_docs_take_every_public_name_from_the_root() -> None:
+    wrong: list[str] = []
+    for doc in DOCS:
+        # docs/engine.md's section on the old paths names them on purpose.
+        text = OLD_PATHS_SECTION.sub("", doc.read_text() + "\n#")
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+            wrong += [f"{doc.relative_to(REPO)}: {found}" for found in imported_from_behind_the_root(block)]
+        wrong += [f"{doc.relative_to(REPO)}: {m[0]}" for m in BEHIND_THE_ROOT.finditer(text) if m[1] in EXPECTED]
+    assert not wrong, "take these from the root, `from workers import …`: " + "; ".join(wrong)
+
+
+def test_the_engine_doc_lists_every_public_name() -> None:
+    engine = (REPO / "docs" / "engine.md").read_text()
+    table = engine[engine.index("### The public names") : engine.index("### One vocabulary with the HTTP SDK")]
+    named = {name for row in table.splitlines() if row.startswith("| ") for name in re.findall(r"`(\w+)", row.split("|")[2])}
+    assert set(EXPECTED) <= named, f"docs/engine.md's table lacks {sorted(set(EXPECTED) - named)}"
 
 
 # -- the handle ---------------------------------------------------------------------------------
