@@ -26,14 +26,22 @@ from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
 from effects.providers import email, models, payments
-from workers.context import JobContext
-from workers.errors import TerminalFailure
-from workers.kinds import job_kind
-from workers.ledger import ABSENT, Miss, OperationResult, Processing
-from workers.services import budgets
+from workers import (
+    ABSENT,
+    JobContext,
+    Miss,
+    OperationResult,
+    Processing,
+    ReconcileAnswer,
+    TerminalFailure,
+    applicable_budgets,
+    job_kind,
+    model_price,
+    price_tokens,
+)
 
 if TYPE_CHECKING:
-    from workers.models import ModelPrice
+    from workers import ModelPrice
 
 MAX_RECIPIENTS = 10
 TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -42,13 +50,15 @@ CHARGE_REVIEW_ABOVE_MINOR = 5000
 MAX_PROMPT_CHARS = 20_000
 
 
-def _found(answer: dict[str, Any] | object | None, result: Any) -> OperationResult | object | None:
+def _found(answer: dict[str, Any] | object | None, result: Any) -> ReconcileAnswer:
     """A provider lookup turned into what reconcile returns: the result, or the lookup's own
     verdict passed through (ABSENT, a Miss or Processing, which the ledger weighs against the
     provider's processing window), or None (cannot tell)."""
     if isinstance(answer, dict):
         return result(answer)
-    return answer if answer is ABSENT or isinstance(answer, Miss | Processing) else None
+    if isinstance(answer, Miss | Processing):
+        return answer
+    return ABSENT if answer is ABSENT else None
 
 
 def _external_id(result: dict[str, Any]) -> str:
@@ -260,7 +270,7 @@ def _completion_result(completion: dict[str, Any], price: ModelPrice | None = No
         data={"id": completion["id"], "output": completion.get("output", ""), "usage": tokens},
         # Koala prices the tokens, at the price the reservation was made with, so an edit of the
         # price table while the call runs cannot turn into a cost above its reservation.
-        cost_minor=None if price is None else budgets.price_tokens(price, input_tokens=tokens_in, output_tokens=tokens_out),
+        cost_minor=None if price is None else price_tokens(price, input_tokens=tokens_in, output_tokens=tokens_out),
         usage=tokens,
         summary={"id": completion["id"], "model": tokens["model"], "usage": tokens},
     )
@@ -281,12 +291,12 @@ def _completion_result(completion: dict[str, Any], price: ModelPrice | None = No
 def complete(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     client = models.client()
     model, prompt, max_tokens = data["model"], data["prompt"], _max_tokens(data)
-    price = budgets.model_price(model)
+    price = model_price(model)
     if price is None:
         # Without a price the cost cannot be bounded, so no spend cap could hold it.
         capped = [
             b.name
-            for b in budgets.applicable(kind=ctx.lease.kind, queue=ctx.lease.queue, tenant=ctx.lease.tenant)
+            for b in applicable_budgets(kind=ctx.lease.kind, queue=ctx.lease.queue, tenant=ctx.lease.tenant)
             if b.spend_limit_minor is not None
         ]
         if capped:
@@ -298,7 +308,7 @@ def complete(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     # Reserve the most this call can cost (token_bound, priced and rounded up): with a true
     # upper bound, concurrent reservations that fit the cap cannot spend past it.
     bound = token_bound(prompt=prompt, max_tokens=max_tokens)
-    estimate = 0 if price is None else budgets.price_tokens(price, **bound)
+    estimate = 0 if price is None else price_tokens(price, **bound)
 
     def result(answer: dict[str, Any]) -> OperationResult:
         return _completion_result(answer, price)

@@ -40,10 +40,18 @@ from exports.signals import export_batch, export_phase
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for
 from exports.streaming import CopyReader, StreamError
 from koala.redaction import redact_text
-from workers.context import JobContext
-from workers.errors import Declined, NotPerformed, OutcomeUnknown, Retryable, TerminalFailure
-from workers.kinds import job_kind
-from workers.ledger import ABSENT, OperationResult
+from workers import (
+    ABSENT,
+    Declined,
+    JobContext,
+    NotPerformed,
+    OperationResult,
+    OutcomeUnknown,
+    ReconcileAnswer,
+    Retryable,
+    TerminalFailure,
+    job_kind,
+)
 
 # The output's timestamps and dates must not depend on the server's or the role's defaults.
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle": "iso_8601"}
@@ -270,7 +278,7 @@ class ExportAttempt:
             performed = True
             return OperationResult(external_id=final, data=result)
 
-        def reconcile(op_key: str) -> OperationResult | object | None:
+        def reconcile(op_key: str) -> ReconcileAnswer:
             with self.ctx.waiting("storage"):
                 found = self.store.digest(final)
             if found is None:

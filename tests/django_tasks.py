@@ -2,7 +2,7 @@
 
 from django.tasks import task
 
-from workers.errors import Retryable
+from workers import Retryable
 
 
 @task()

@@ -11,10 +11,7 @@ import os
 import time
 from typing import Any
 
-from workers.context import JobContext
-from workers.errors import Retryable, TerminalFailure
-from workers.kinds import job_kind, remote_kind
-from workers.models import Delivery
+from workers import Delivery, JobContext, Retryable, TerminalFailure, job_kind, remote_kind
 
 
 def effect(path: str, line: str) -> None:
@@ -144,7 +141,7 @@ def _world_charge(path: str, key: str, amount: int) -> None:
 
 
 def _world_lookup(path: str, key: str) -> Any:
-    from workers.ledger import ABSENT, OperationResult
+    from workers import ABSENT, OperationResult
 
     found = world_effects(path, key)
     if not found:
@@ -162,8 +159,7 @@ def _marker(path: str, name: str) -> bool:
 
 
 def _charge_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
-    from workers.errors import Declined, NotPerformed, OutcomeUnknown
-    from workers.ledger import OperationResult
+    from workers import Declined, NotPerformed, OperationResult, OutcomeUnknown
 
     world = data["world"]
     amount = int(open(data["amount_file"]).read().strip()) if "amount_file" in data else int(data.get("amount", 100))
@@ -222,7 +218,7 @@ job_kind(
 
 def _spend_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     """A priced call of fixed estimate: for budget tests (several run at once in several workers)."""
-    from workers.ledger import OperationResult
+    from workers import OperationResult
 
     world = data["world"]
 
@@ -270,7 +266,7 @@ job_kind("tests.steady", version=1, queue="default", max_attempts=3, timeout_sec
 def _leaky_body(ctx: JobContext, data: dict[str, Any]) -> None:
     """Repeats what it was given everywhere a careless body would (tests/acceptance/test_console_crawl.py):
     an operation's parameters, target and result, and the error message it fails with."""
-    from workers.ledger import OperationResult
+    from workers import OperationResult
 
     note, code = data["note"], data["customer_code"]
     ctx.operation(
@@ -302,7 +298,7 @@ def _careless_body(ctx: JobContext, data: dict[str, Any]) -> None:
 
     import sentry_sdk
 
-    from workers.errors import NotPerformed
+    from workers import NotPerformed
 
     log = logging.getLogger("tests.leaky")
     memo, document = data["memo"], data["dossier"]

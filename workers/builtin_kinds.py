@@ -7,10 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers import doorbell
-from workers.context import JobContext
-from workers.errors import Retryable, TerminalFailure
-from workers.kinds import job_kind, remote_kind
+from workers import JobContext, Retryable, TerminalFailure, doorbell, job_kind, remote_kind
 
 
 @job_kind("noop", version=1, queue="default", max_attempts=3, timeout_seconds=30)

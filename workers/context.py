@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from workers.errors import Paused, Rejection, StaleAttempt
 from workers.kinds import JobKind
-from workers.ledger import run_operation
+from workers.ledger import Perform, Reconcile, run_operation
 from workers.models import Operation, operation_key_base
 from workers.services import leases
 from workers.services.leases import Lease
@@ -125,14 +125,65 @@ class JobContext:
         if self.paused:
             raise Paused("a stop-mode pause covers this job")
 
-    def operation(self, name: str, **options: Any) -> dict[str, Any]:
-        """Run one outbound side effect through the operations ledger (see workers.ledger).
+    def operation(
+        self,
+        name: str,
+        *,
+        kind: str,
+        params: dict[str, Any],
+        perform: Perform,
+        reconcile: Reconcile | None = None,
+        key: str | None = None,
+        estimate_minor: int = 0,
+        amount_minor: int | None = None,
+        currency: str = "",
+        target: str = "",
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """Run one outbound side effect through the operations ledger (workers/ledger.py, docs/safety.md).
 
-        Returns the result's data; a re-run after success returns the stored data without
-        calling out. Raises Park (review, needs attention, budget) for the runtime to handle.
+        The step's row is committed ``in_flight`` before ``perform`` is called, under a key stable
+        across retries; a re-run after success returns the stored data without calling out, and an
+        outcome a crash or a timeout left open is settled through ``reconcile`` first.
+
+        - ``name``: the step, unique within the job (``"charge"``); with the job it makes the key.
+        - ``kind``: what sort of effect it is (``"charge"``, ``"email"``, ``"model_call"``): shown to
+          people, in reviews and in the ledger.
+        - ``params``: the request, as JSON; its fingerprint must match on every re-run (the same key
+          with other parameters is refused, OperationMismatch). Stored redacted.
+        - ``perform(key)``: makes the call with ``key`` as the provider's idempotency key and returns
+          an OperationResult; raises NotPerformed (it did not happen: retried), Declined (refused
+          for good: the job fails ``TerminalFailure:declined``) or OutcomeUnknown (no answer: the
+          retry reconciles first).
+        - ``reconcile(key)``: looks the key up at the provider when an earlier send's outcome is
+          open: an OperationResult (it happened), ``ABSENT`` (it did not: re-sent under the key),
+          ``Miss(window_seconds)`` / ``Processing(window_seconds)`` (not settled yet: looked at
+          again later) or None (cannot tell: parked for a person). None here: a person decides.
+        - ``key``: the operation key, when it must be another than ``operation_key(name)``.
+        - ``estimate_minor``: the most the call can cost (minor units), reserved on the budgets that
+          cover the job before the call and settled to the actual cost after it.
+        - ``amount_minor``, ``currency``, ``target``: what the call moves and to whom, for a
+          critical operation's review (the approval is bound to them) and for people reading it.
+        - ``tenant``: the budgets' tenant, when not the job input's ``"tenant"``.
+
+        Returns the result's data (stored redacted). Raises Park (waiting for a review, needs
+        attention, a budget is spent) for the runtime: the job is set aside without using an attempt.
         """
         self.checkpoint()
-        return run_operation(self, name, **options)
+        return run_operation(
+            self,
+            name,
+            kind=kind,
+            params=params,
+            perform=perform,
+            reconcile=reconcile,
+            key=key,
+            estimate_minor=estimate_minor,
+            amount_minor=amount_minor,
+            currency=currency,
+            target=target,
+            tenant=tenant,
+        )
 
     def operation_key(self, name: str) -> str:
         """The default key of step ``name``: stable across retries, unique per job and step."""

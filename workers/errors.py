@@ -2,7 +2,10 @@
 
 Classification is explicit: ``Retryable`` retries within the attempt budget,
 ``TerminalFailure`` ends the job at once, anything else is fatal (never retried
-blindly, because an unknown error may have half-done an outbound effect).
+blindly, because an unknown error may have half-done an outbound effect). The HTTP SDK's
+names for the first two, ``RetryableError`` and ``StepFailure``, are their subclasses here,
+so one body's vocabulary works in both runtimes. A kind's author imports them from the
+public root (``from workers import Retryable, StepFailure``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,32 @@ class TerminalFailure(Exception):
         super().__init__(message)
         if code:
             self.code = code
+
+
+# -- The HTTP SDK's names (koala_worker.RetryableError, StepFailure), for bodies in either runtime ---
+
+
+class RetryableError(Retryable):
+    """The HTTP SDK's name for a transient error (``koala_worker.RetryableError``): a Retryable,
+    recorded as ``RetryableError``, as an HTTP worker records it."""
+
+    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+class StepFailure(TerminalFailure):
+    """The HTTP SDK's name for a typed failure (``koala_worker.StepFailure``): a TerminalFailure,
+    recorded as an HTTP worker records it: by its code alone (``StepFailure("…", code="x")`` is
+    ``x``), or by its class name without a code. A TerminalFailure's is ``TerminalFailure:<code>``."""
+
+    code = ""
+
+    def __init__(self, message: str = "", code: str | None = None) -> None:
+        super().__init__(message, code=code)
+
+    @property
+    def error_class(self) -> str:
+        return self.code or type(self).__name__
 
 
 class Rejection(enum.StrEnum):

@@ -1,5 +1,8 @@
 """The job-kind registry: a kind is a Python body plus its policy.
 
+A kind's author declares one through the public root (``from workers import job_kind``,
+workers/__init__.py), whose handle (workers.handles) registers it here:
+
     @job_kind("send_welcome", version=1, queue="default", max_attempts=5)
     def send_welcome(ctx, input): ...
 
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 
@@ -122,34 +126,86 @@ def register(kind: JobKind) -> JobKind:
     return kind
 
 
-def job_kind(name: str, *, version: int = 1, **policy: Any) -> Callable[[Body], Body]:
+class KindPolicy(TypedDict, total=False):
+    """The policy a kind is declared with (``job_kind(name, version=…, **policy)``): JobKind's
+    fields, each optional, the two field sets as any collection of names."""
+
+    queue: str
+    delivery: str
+    max_attempts: int
+    timeout_seconds: float
+    deadline_seconds: float | None
+    backoff_base: float
+    backoff_cap: float
+    sensitive_fields: Collection[str]
+    required_fields: Collection[str]
+    validate: InputValidator | None
+    critical: Mapping[str, CriticalRule]
+    retry_instead: str
+
+
+def _policy(policy: KindPolicy) -> dict[str, Any]:
+    frozen: dict[str, Any] = dict(policy)
+    for key in ("sensitive_fields", "required_fields"):
+        if key in frozen:
+            frozen[key] = frozenset(frozen[key])
+    return frozen
+
+
+def declare(name: str, version: int, body: Body, policy: KindPolicy) -> JobKind:
+    """Register the kind ``name@version`` with its body and policy (what ``@job_kind`` does)."""
+    return register(JobKind(name=name, version=version, body=body, **_policy(policy)))
+
+
+def _remote_body(ctx: JobContext, data: dict[str, Any]) -> Any:
+    raise RuntimeError("this kind's body runs in HTTP workers (remote_kind); it has no body here")
+
+
+def declare_remote(name: str, version: int, policy: KindPolicy) -> JobKind:
+    """Register a kind whose bodies run in workers over HTTP: its contract, without a body here.
+    Declaring the same remote kind again (its module imported twice) returns the first."""
+    existing = _registry.get((name, version))
+    if existing is not None and existing.remote:
+        return existing  # the same declaration imported twice
+    return register(JobKind(name=name, version=version, body=_remote_body, remote=True, **_policy(policy)))
+
+
+# -- the spellings before the public root, deprecated ------------------------------------------
+# ``from workers.kinds import job_kind`` (and ``remote_kind``) still work, for one release, and
+# warn once per import: the engine never imports them (its own kinds use the root), so the
+# warning reaches only a kind module that has not moved yet. They keep their old results: the
+# bare body, and the JobKind.
+
+
+def _old_job_kind(name: str, *, version: int = 1, **policy: Any) -> Callable[[Body], Body]:
     def decorate(body: Body) -> Body:
-        for key in ("sensitive_fields", "required_fields"):
-            if key in policy:
-                policy[key] = frozenset(policy[key])
-        register(JobKind(name=name, version=version, body=body, **policy))
+        declare(name, version, body, policy)  # type: ignore[arg-type]  # unchecked, as it always was
         return body
 
     return decorate
 
 
-def _remote_body(ctx: JobContext, data: dict[str, Any]) -> Any:
-    raise RuntimeError("this kind's body runs in HTTP workers (kinds.remote_kind); it has no body here")
+def _old_remote_kind(name: str, *, version: int = 1, **policy: Any) -> JobKind:
+    return declare_remote(name, version, policy)  # type: ignore[arg-type]
 
 
-def remote_kind(name: str, *, version: int = 1, **policy: Any) -> JobKind:
-    """Declare a kind whose bodies run in workers over HTTP: its contract, without a body here.
+DEPRECATED = {"job_kind": _old_job_kind, "remote_kind": _old_remote_kind}
 
-    remote_kind("billing.send_invoice", version=2, queue="billing", max_attempts=5,
-                sensitive_fields={"iban"}, critical={"charge": {"above_minor": 10_000}})
-    """
-    for key in ("sensitive_fields", "required_fields"):
-        if key in policy:
-            policy[key] = frozenset(policy[key])
-    existing = _registry.get((name, version))
-    if existing is not None and existing.remote:
-        return existing  # the same declaration imported twice
-    return register(JobKind(name=name, version=version, body=_remote_body, remote=True, **policy))
+if TYPE_CHECKING:
+    job_kind = _old_job_kind
+    remote_kind = _old_remote_kind
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in DEPRECATED:
+            warnings.warn(
+                f"workers.kinds.{name} is deprecated and goes in the next release: "
+                f"use `from workers import {name}` (it returns a handle with .enqueue)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return DEPRECATED[name]
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def unregister(name: str, version: int) -> None:

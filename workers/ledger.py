@@ -96,8 +96,11 @@ class Processing:
     window_seconds: float
 
 
+# What reconcile(key) answers: it happened (the result), it did not (ABSENT), not settled yet
+# (Miss, Processing: weighed against the provider's window), or None: nobody can tell.
+ReconcileAnswer = OperationResult | _Absent | Miss | Processing | None
 Perform = Callable[[str], OperationResult]
-Reconcile = Callable[[str], "OperationResult | _Absent | Miss | Processing | None"]
+Reconcile = Callable[[str], ReconcileAnswer]
 RECONCILE_MIN_DELAY = 1.0  # seconds between two looks at one open outcome, at least …
 RECONCILE_MAX_DELAY = 60.0  # … and at most (the delay grows with the time the outcome has been open)
 

@@ -47,7 +47,7 @@ from django.db import InterfaceError, OperationalError
 
 from koala import redaction
 from koala.redaction import Redactor
-from workers.errors import AttemptTimeout, Rejection, Retryable, TerminalFailure
+from workers.errors import AttemptTimeout, Rejection, Retryable, StepFailure, TerminalFailure
 from workers.kinds import JobKind
 from workers.models import Delivery, FailureReason, Outcome
 
@@ -331,8 +331,12 @@ def decide(
 
 
 def error_class_of(error: BaseException) -> str:
-    """What the records call an error: its class, with a TerminalFailure's code when it has its own."""
+    """What the records call an error: its class, with a TerminalFailure's code when it has its own
+    (``TerminalFailure:declined``); a StepFailure (the HTTP SDK's name) by its code alone, as the
+    SDK reports it, so a body records the same name whichever kind of worker runs it."""
     name = type(error).__name__
+    if isinstance(error, StepFailure):
+        return error.error_class  # as the HTTP SDK names it: the code, or the class name without one
     if isinstance(error, TerminalFailure) and error.code != "terminal":
         return f"{name}:{error.code}"
     return name

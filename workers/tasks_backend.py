@@ -10,7 +10,7 @@ durable jobs, leases with fencing, crash recovery and redacted failure records.
     result.refresh(); result.status    # READY / RUNNING / SUCCESSFUL / FAILED
 
 The job input holds the task's import path and its JSON arguments; raise
-``workers.errors.Retryable`` in a task to retry it with backoff.
+``workers.Retryable`` in a task to retry it with backoff.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from django.utils.timezone import now
 
-from workers.context import JobContext
-from workers.kinds import job_kind
+from workers import JobContext, job_kind
 from workers.models import Job, JobState, Outcome
-from workers.services.jobs import enqueue
 
 KIND = "django.task"
 
@@ -52,9 +50,8 @@ class KoalaTaskBackend(BaseTaskBackend):
         self.validate_task(task)
         check_arguments(task, args, kwargs)
         delay = max((task.run_after - now()).total_seconds(), 0.0) if task.run_after else 0.0
-        created = enqueue(
-            kind=KIND,
-            input={"task": task.module_path, "args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))},
+        created = run_django_task.enqueue(
+            {"task": task.module_path, "args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))},
             queue=task.queue_name,
             priority=task.priority,
             delay_seconds=delay,
@@ -111,7 +108,7 @@ def _exception_path(error_class: str) -> str:
     name = error_class.split(":", 1)[0]
     if isinstance(getattr(builtins, name, None), type):
         return f"builtins.{name}"
-    if name in {"Retryable", "TerminalFailure", "AttemptTimeout"}:
+    if name in {"Retryable", "RetryableError", "TerminalFailure", "StepFailure", "AttemptTimeout"}:
         return f"workers.errors.{name}"
     return "builtins.Exception"
 

@@ -31,7 +31,7 @@ from django.core import mail
 from django.core.mail import EmailMessage
 
 from koala import redaction
-from workers.errors import Declined, NotPerformed, OutcomeUnknown
+from workers import Declined, NotPerformed, OutcomeUnknown
 
 IDEMPOTENCY_HEADER = "X-Koala-Idempotency-Key"
 

@@ -37,8 +37,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from koala import redaction
-from workers.errors import Declined, NotPerformed, OutcomeUnknown
-from workers.ledger import Miss, Processing
+from workers import Declined, Miss, NotPerformed, OutcomeUnknown, Processing
 
 MAX_PROVIDER_MESSAGE = 300  # characters of a provider's error message kept in ours
 

@@ -14,8 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from effects.providers.http import Endpoint, JsonClient
-from workers.errors import TerminalFailure
-from workers.ledger import Miss, Processing
+from workers import Miss, Processing, TerminalFailure
 
 MAX_OUTPUT_TOKENS = 4096  # the most any request may ask for: the output half of a call's bound
 

@@ -13,8 +13,7 @@ from typing import Any
 from django.conf import settings
 
 from effects.providers.http import Endpoint, JsonClient
-from workers.errors import TerminalFailure
-from workers.ledger import Miss, Processing
+from workers import Miss, Processing, TerminalFailure
 
 
 class PaymentsClient:

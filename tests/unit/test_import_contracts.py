@@ -60,6 +60,9 @@ def copy_of_the_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("effects/kinds.py", "import exports.services", "effects is not allowed to import exports"),
         ("exports/services.py", "from reviews import models", "exports is not allowed to import reviews"),
         ("reviews/services.py", "import console.roles", "reviews is not allowed to import console"),
+        # The in-tree kinds (and their providers) reach the engine through its public root only.
+        ("effects/kinds.py", "from workers.ledger import ABSENT as OLD", "effects is not allowed to import workers.ledger"),
+        ("workers/builtin_kinds.py", "from workers.errors import Retryable as Old", "is not allowed to import workers.errors"),
         # Nothing the product runs depends on the local tooling or the tests.
         ("console/roles.py", "import devtools.embedded", "console is not allowed to import devtools"),
         ("workers/hooks.py", "import tests.kinds", "workers is not allowed to import tests"),

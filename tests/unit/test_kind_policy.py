@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from workers import kinds
+from workers import job_kind, kinds
 from workers.errors import EnqueueError
-from workers.kinds import JobKind, job_kind, register, unregister
+from workers.kinds import JobKind, register, unregister
 from workers.models import Delivery
 from workers.services.jobs import MAX_INPUT_BYTES, JobSpec, enqueue_many, input_fingerprint
 
@@ -80,7 +80,7 @@ def test_the_decorator_registers_with_frozen_field_sets(registered: list[tuple[s
         return data
 
     kind = kinds.get("unit.deco", 3)
-    assert kind is not None and kind.body is deco
+    assert kind is not None and deco.kind is kind and kind.body is deco.__wrapped__
     assert (kind.key, kind.queue, kind.sensitive_fields, kind.required_fields) == (
         "unit.deco@3",
         "bulk",

@@ -18,6 +18,7 @@ from koala_worker.errors import (
     RetryableError,
     StepFailure,
     StopRequested,
+    TerminalFailure,
 )
 from koala_worker.lease import Lease
 from koala_worker.spans import Span, SpanRecorder, add_usage, usage_of
@@ -94,7 +95,13 @@ def raise_for(answer: dict[str, Any]) -> None:
         if classification == "retryable":
             raise RetryableError(message, retry_after=answer.get("retry_after"))
         if classification == "step_failure":
-            raise StepFailure(message, code=str(answer.get("error_class") or "operation_failed"))
+            error_class = str(answer.get("error_class") or "operation_failed")
+            # "TerminalFailure:declined" (a declined charge): the engine's own name, raised as the
+            # alias an in-process body would meet, whose error_class is the same string.
+            named, _, code = error_class.partition(":")
+            if named == "TerminalFailure":
+                raise TerminalFailure(message, code=code or None)
+            raise StepFailure(message, code=error_class)
         raise OperationFailed(message)
     raise OperationFailed(f"Koala answered an operation with an unknown action {action!r}")
 

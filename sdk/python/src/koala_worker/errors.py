@@ -110,6 +110,34 @@ class StepFailure(Exception):
         return self.code or type(self).__name__
 
 
+# The in-process engine's names for the same two (``from workers import Retryable, TerminalFailure``
+# in a Koala job kind), so one body's vocabulary works in either runtime. Each is recorded under
+# the name an RQ worker records it by: ``Retryable``, ``TerminalFailure`` or ``TerminalFailure:<code>``.
+
+
+class Retryable(RetryableError):
+    """The engine's name for a retryable error (``workers.Retryable``); ``error_class`` ``Retryable``."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+class TerminalFailure(StepFailure):
+    """The engine's name for a typed failure (``workers.TerminalFailure``): a step failure whose
+    ``error_class`` is ``TerminalFailure:<code>``, or ``TerminalFailure`` without a code of its own
+    (a subclass: its own class name). A declined charge Koala answers an operation with is one."""
+
+    code: str | None = "terminal"
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message, code=code or None)  # an empty code keeps the default, as in the engine
+
+    @property
+    def error_class(self) -> str:
+        name = type(self).__name__
+        return name if self.code in (None, "terminal") else f"{name}:{self.code}"
+
+
 class OperationFailed(Exception):
     """Koala answered an operation with ``raise`` and a ``fatal`` classification."""
 
