@@ -473,13 +473,23 @@ _BUDGET_PERIOD = "(now() AT TIME ZONE b.timezone)::date"
 # The budgets that cover a job of this kind, queue and tenant, in id order (whole rows, for Budget.objects.raw).
 APPLICABLE_BUDGETS = "SELECT b.* FROM workers_budget b WHERE " + _BUDGET_APPLIES + " ORDER BY b.id"  # noqa: S608 (composed from constant fragments; values are bound)
 
+# Lock order. A reservation, a claim's attempt count, a settlement and a release each lock
+# several usage rows (one per budget that applies), and the sets of two workers' jobs overlap
+# (global + queue + kind + tenant). Taken in different orders, each can hold a row the other
+# waits for, and PostgreSQL aborts one with deadlock_detected after deadlock_timeout. So every
+# statement that locks usage rows takes them in usage id order (_LOCK_USAGE, or one row per
+# statement sorted by id in workers.services.budgets), and a multi-row UPDATE only touches rows
+# its own CTE already locked: the order of an UPDATE … FROM follows the plan (a hash join walks
+# the heap, whose order every update reshuffles), not ids. New rows are inserted in budget id
+# order: inserting a key that another transaction's uncommitted insert holds waits for it too.
+
 # Create this period's usage rows of the budgets {where} selects; returns (budget id, name, period).
 _ENSURE_USAGE = """
 WITH b AS (SELECT b.id, b.name, {period} AS period FROM workers_budget b WHERE {where}),
 ins AS (
     INSERT INTO workers_budgetusage
         (budget_id, period, spent_minor, reserved_minor, requests, attempts, run_seconds, updated_at)
-    SELECT id, period, 0, 0, 0, 0, 0, now() FROM b
+    SELECT id, period, 0, 0, 0, 0, 0, now() FROM b ORDER BY id
     ON CONFLICT (budget_id, period) DO NOTHING
 )
 SELECT id, name, period FROM b ORDER BY id
@@ -489,19 +499,25 @@ ENSURE_USAGE_APPLICABLE = _ENSURE_USAGE.format(period=_BUDGET_PERIOD, where=_BUD
 # … of the budgets whose ids are in %(ids)s.
 ENSURE_USAGE_BY_ID = _ENSURE_USAGE.format(period=_BUDGET_PERIOD, where="b.id = ANY(%(ids)s)")
 
+# Lock, in id order, this period's usage rows of the budgets {where} selects (a CTE named locked,
+# for the UPDATE that follows it). A CTE with FOR UPDATE is never folded into its query; its
+# LockRows runs above the sort, so the rows are locked in id order whatever the UPDATE's plan.
+_LOCK_USAGE = (
+    "WITH locked AS (SELECT u.id FROM workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id "
+    "WHERE u.period = " + _BUDGET_PERIOD + " AND {where} ORDER BY u.id FOR UPDATE OF u)"
+)
+
 # Reserve %(est)s and one request on every applicable budget with room; returns (usage id, budget id)
 # of each granted row. The conditional UPDATE is the decision: PostgreSQL re-checks each row's
-# condition after taking its lock, so two workers racing for the last unit cannot both pass.
+# condition on its newest version (it waited for the lock in the CTE), so two workers racing for
+# the last unit cannot both pass.
 RESERVE = (
-    """
+    _LOCK_USAGE.format(where=_BUDGET_APPLIES)
+    + """
 UPDATE workers_budgetusage u
 SET reserved_minor = u.reserved_minor + %(est)s, requests = u.requests + 1, updated_at = now()
-FROM workers_budget b
-WHERE u.budget_id = b.id AND u.period = """
-    + _BUDGET_PERIOD
-    + " AND "
-    + _BUDGET_APPLIES
-    + """
+FROM workers_budget b, locked
+WHERE u.id = locked.id AND u.budget_id = b.id
   AND (b.spend_limit_minor IS NULL OR u.spent_minor + u.reserved_minor + %(est)s <= b.spend_limit_minor)
   AND (b.request_limit IS NULL OR u.requests + 1 <= b.request_limit)
 RETURNING u.id, u.budget_id
@@ -544,12 +560,11 @@ COUNT_RUNNING_IN_SCOPE = {
 
 # Count one attempt on each budget in %(ids)s with attempts and run time left; returns (usage id, budget id).
 COUNT_CLAIM_ATTEMPT = (
-    """
+    _LOCK_USAGE.format(where="b.id = ANY(%(ids)s)")
+    + """
 UPDATE workers_budgetusage u SET attempts = u.attempts + 1, updated_at = now()
-FROM workers_budget b
-WHERE u.budget_id = b.id AND u.period = """
-    + _BUDGET_PERIOD
-    + """ AND b.id = ANY(%(ids)s)
+FROM workers_budget b, locked
+WHERE u.id = locked.id AND u.budget_id = b.id
   AND (b.attempt_limit IS NULL OR u.attempts < b.attempt_limit)
   AND (b.run_seconds_limit IS NULL OR u.run_seconds < b.run_seconds_limit)
 RETURNING u.id, u.budget_id

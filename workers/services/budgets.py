@@ -308,6 +308,13 @@ def _exhausted(*, budget_id: int, name: str, period: date, need: int, limits: tu
     )
 
 
+def _in_lock_order(reservations: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Reservations ``[[usage_id, minor], …]`` in usage id order, the one order in which every
+    statement locks usage rows (sql._LOCK_USAGE says why): a settlement or a release racing a
+    reservation over overlapping budgets can then never hold a row the other waits for."""
+    return sorted((int(usage_id), int(minor)) for usage_id, minor in reservations)
+
+
 @dataclass(frozen=True)
 class Overshoot:
     """A settled call that cost more than it had reserved on one budget's usage row."""
@@ -332,8 +339,7 @@ def settle(*, reservations: Sequence[Sequence[int]], actual_minor: int) -> list[
     """
     overshoots: list[Overshoot] = []
     with connection.cursor() as cursor:
-        # Usage rows in id order: two settlements over the same budgets lock them in one order.
-        for usage_id, reserved in sorted((int(u), int(r)) for u, r in reservations):
+        for usage_id, reserved in _in_lock_order(reservations):
             cursor.execute(sql.SETTLE_RESERVATION, [reserved, actual_minor, usage_id])
             row = cursor.fetchone()
             if row is not None and actual_minor > reserved:
@@ -391,7 +397,7 @@ def pause_scope(*, budget: Budget, reason: str) -> Pause | None:
 def release(*, reservations: Sequence[Sequence[int]], refund_request: bool = False) -> None:
     """Give reservations back: the call did not happen."""
     with connection.cursor() as cursor:
-        for usage_id, reserved in reservations:
+        for usage_id, reserved in _in_lock_order(reservations):
             cursor.execute(sql.RELEASE_RESERVATION, [reserved, 1 if refund_request else 0, usage_id])
 
 
