@@ -399,7 +399,7 @@ def heartbeat(*, held: HeldLease, progress: dict[str, Any] | None) -> dict[str, 
     rejection = leases.heartbeat(job_id=lease.job_id, lease_token=lease.lease_token, lease_seconds=seconds, progress=progress)
     if rejection is not None:
         raise rejected(rejection)
-    stop = pauses.stop_requested(kind=lease.kind, queue=lease.queue)
+    stop = pauses.stop_requested(kind=lease.kind, queue=lease.queue, tenant=lease.tenant)
     return {
         "expires_at": (timezone.now() + timedelta(seconds=seconds)).isoformat(),
         "cancel": stop,

@@ -94,6 +94,10 @@ class BulkActionForm(JobActionForm):
 class PauseForm(forms.Form):
     scope = forms.ChoiceField(choices=Scope.choices, initial=Scope.QUEUE)
     target = forms.CharField(required=False, max_length=100, help_text="Queue or kind name; empty for global.")
+    # Not stripped: " acme" is refused by the service (targets.check_tenant), not quietly fixed.
+    tenant = forms.CharField(
+        required=False, max_length=100, strip=False, help_text="Only this tenant's jobs; empty for every tenant."
+    )
     mode = forms.ChoiceField(choices=PauseMode.choices, initial=PauseMode.DRAIN, widget=forms.RadioSelect)
     reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 40}))
     expires_in_minutes = forms.IntegerField(required=False, min_value=1, max_value=60 * 24 * 30, label="Expires in (minutes)")

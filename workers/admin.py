@@ -189,7 +189,7 @@ class BudgetUsageAdmin(ReadOnlyAdmin):
 
 @admin.register(Pause)
 class PauseAdmin(ReadOnlyAdmin):
-    list_display = ["id", "scope", "target", "mode", "source", "created_by", "created_at", "expires_at", "lifted_at"]
+    list_display = ["id", "scope", "target", "tenant", "mode", "source", "created_by", "created_at", "expires_at", "lifted_at"]
     list_filter = ["scope", "mode", "source"]
 
 

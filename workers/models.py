@@ -549,6 +549,15 @@ class PauseSource(models.TextChoices):
 class Pause(models.Model):
     scope = models.CharField(max_length=10, choices=Scope.choices)
     target = models.CharField(max_length=100, blank=True, default="")
+    # db_default: a worker of the previous release, still running during a deploy, inserts
+    # pauses (circuit breaker, budgets) without naming the column.
+    tenant = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Holds only jobs whose input names this tenant; empty: every tenant.",
+    )
     mode = models.CharField(max_length=10, choices=PauseMode.choices, default=PauseMode.DRAIN)
     source = models.CharField(max_length=20, choices=PauseSource.choices, default=PauseSource.MANUAL)
     reason = models.TextField()
@@ -567,14 +576,21 @@ class Pause(models.Model):
                 name="pause_target_matches_scope",
             ),
             models.CheckConstraint(condition=~Q(reason=""), name="pause_has_reason"),
-            # One live pause per scope: pausing twice is a clear error, not two rows to lift.
+            # One live pause per scope and tenant: pausing twice is a clear error, not two rows to
+            # lift. A tenant's pause and the every-tenant pause of one scope may both be live.
             models.UniqueConstraint(
-                fields=["scope", "target"], condition=Q(lifted_at__isnull=True), name="pause_one_live_per_scope"
+                fields=["scope", "target", "tenant"], condition=Q(lifted_at__isnull=True), name="pause_one_live_per_scope"
             ),
         ]
         # No separate live-pause index: pause_one_live_per_scope's unique index is that same
-        # (scope, target) WHERE lifted_at IS NULL index (pause_live_idx duplicated it; dropped in 0009).
+        # (scope, target, tenant) WHERE lifted_at IS NULL index (pause_live_idx duplicated it; dropped in 0009).
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"pause {self.scope} {self.target or '*'} ({self.mode})"
+        return f"pause {self.covers} ({self.mode})"
+
+    @property
+    def covers(self) -> str:
+        """What it holds, as people read it: "everything", "queue bulk", "kind x for tenant acme"."""
+        where = "everything" if self.scope == Scope.GLOBAL else f"{self.scope} {self.target}"
+        return f"{where} for tenant {self.tenant}" if self.tenant else where

@@ -168,7 +168,7 @@ class WorkerRuntime:
         if ctx.paused:
             return
         try:
-            stop = pauses.stop_requested(kind=ctx.lease.kind, queue=ctx.lease.queue)
+            stop = pauses.stop_requested(kind=ctx.lease.kind, queue=ctx.lease.queue, tenant=ctx.lease.tenant)
         except (OperationalError, InterfaceError):
             connection.close()
             return

@@ -76,22 +76,26 @@ _TRANSITION = "RETURNING id, kind, version, queue, state, failure_reason"
 
 # -- pauses ------------------------------------------------------------------------------------------
 
-# A live pause p (not lifted, not expired) covering a job whose queue and kind are {queue} and
-# {kind}: filled in below with the job row's columns or with bound parameters, never with values.
+# A live pause p (not lifted, not expired) covering a job whose queue, kind and tenant are {queue},
+# {kind} and {tenant}: filled in below with the job row's columns or with bound parameters, never
+# with values. A pause with a tenant holds only the jobs whose input names it ("tenant", the key
+# budgets read too: leases.Lease.tenant); an empty one holds every tenant. With no live pause (the
+# common case) the subquery finds no row and the job's input is never looked at.
 _LIVE_PAUSE = (
     "p.lifted_at IS NULL AND (p.expires_at IS NULL OR p.expires_at > now()) AND "
-    "(p.scope = 'global' OR (p.scope = 'queue' AND p.target = {queue}) OR (p.scope = 'kind' AND p.target = {kind}))"
+    "(p.scope = 'global' OR (p.scope = 'queue' AND p.target = {queue}) OR (p.scope = 'kind' AND p.target = {kind})) "
+    "AND (p.tenant = '' OR p.tenant = {tenant})"
 )
 _JOB_NOT_PAUSED = (
     "NOT EXISTS (SELECT 1 FROM workers_pause p WHERE "  # noqa: S608 (composed from constant fragments; values are bound)
-    + _LIVE_PAUSE.format(queue="workers_job.queue", kind="workers_job.kind")
+    + _LIVE_PAUSE.format(queue="workers_job.queue", kind="workers_job.kind", tenant="workers_job.input->>'tenant'")
     + ")"
 )
 
-# Whether a live stop-mode pause covers a job of this kind and queue (read by every heartbeat).
+# Whether a live stop-mode pause covers a job of this kind, queue and tenant (read by every heartbeat).
 STOP_REQUESTED = (
     "SELECT EXISTS (SELECT 1 FROM workers_pause p WHERE p.mode = 'stop' AND "  # noqa: S608 (composed from constant fragments; values are bound)
-    + _LIVE_PAUSE.format(queue="%(queue)s", kind="%(kind)s")
+    + _LIVE_PAUSE.format(queue="%(queue)s", kind="%(kind)s", tenant="%(tenant)s")
     + ")"
 )
 
@@ -503,7 +507,7 @@ ENSURE_USAGE_BY_ID = _ENSURE_USAGE.format(period=_BUDGET_PERIOD, where="b.id = A
 # for the UPDATE that follows it). A CTE with FOR UPDATE is never folded into its query; its
 # LockRows runs above the sort, so the rows are locked in id order whatever the UPDATE's plan.
 _LOCK_USAGE = (
-    "WITH locked AS (SELECT u.id FROM workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id "
+    "WITH locked AS (SELECT u.id FROM workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id "  # noqa: S608 (composed from constant fragments; values are bound)
     "WHERE u.period = " + _BUDGET_PERIOD + " AND {where} ORDER BY u.id FOR UPDATE OF u)"
 )
 

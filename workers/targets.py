@@ -7,7 +7,11 @@ budget services and used by the commands to refuse bad arguments before doing an
   no worker listens on any other, so a job there would wait for ever;
 - a **kind** is known for *enqueueing* when this process registers it (``workers.kinds``), and
   for *pausing, budgeting and listing* also when jobs of it exist: a kind another deployment
-  registers (or one retired with jobs left) is real, and an operator may need to hold it.
+  registers (or one retired with jobs left) is real, and an operator may need to hold it;
+- a **tenant** is whatever a job's input names under ``"tenant"`` (Koala keeps no list of
+  them): a pause or a budget for one holds that tenant's jobs only, empty means every tenant.
+  The name must be one a job can carry and a row can store, as written (no spaces around it:
+  " acme" would never match a job of acme).
 
 A name Koala does not know is refused with ``UnknownName`` (an ``EnqueueError`` and a
 ``SafetyError``), naming what is known.
@@ -20,9 +24,10 @@ from django.conf import settings
 from koala.storable import column_length, text_problem
 from workers import kinds
 from workers.errors import SafetyError, UnknownName
-from workers.models import Job, Scope
+from workers.models import Job, Pause, Scope
 
 KIND_MAX_LENGTH = column_length(Job, "kind")
+TENANT_MAX_LENGTH = column_length(Pause, "tenant")
 
 
 def configured_queues() -> list[str]:
@@ -67,3 +72,18 @@ def check_scope(scope: str, target: str) -> None:
         check_queue(target)
     else:
         check_kind(target)
+
+
+def check_tenant(name: str) -> str:
+    """A pause's or budget's tenant: empty (every tenant) or a name a job's input can carry."""
+    if not isinstance(name, str):
+        raise SafetyError(f"a tenant is a name, not {type(name).__name__}.")
+    if not name:
+        return name
+    if name != name.strip():
+        raise SafetyError(f"tenant {name[:40]!r} has spaces around it (no job's tenant has): write it with no spaces around.")
+    if len(name) > TENANT_MAX_LENGTH:
+        raise SafetyError(f"a tenant is at most {TENANT_MAX_LENGTH} characters (got {len(name)}).")
+    if problem := text_problem(name):
+        raise SafetyError(f"tenant {problem}.")
+    return name

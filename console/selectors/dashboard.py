@@ -215,7 +215,8 @@ def oldest_due(*, now: dt.datetime) -> dict[str, dt.datetime]:
 def queue_pauses(pauses: Iterable[Pause], queues: Iterable[str]) -> dict[str, Pause]:
     """The live pause holding each queue back: a global one, else the queue's own (kind pauses
     hold some jobs of a queue, not the queue)."""
-    pauses = list(pauses)
+    # A tenant's pause holds some of a queue's jobs, not the queue: it shows in the banner only.
+    pauses = [p for p in pauses if not p.tenant]
     everything = next((p for p in pauses if p.scope == Scope.GLOBAL), None)
     own = {p.target: p for p in pauses if p.scope == Scope.QUEUE}
     held = {queue: everything or own.get(queue) for queue in queues}

@@ -28,7 +28,7 @@ def _render(request: HttpRequest, form: PauseForm, *, status: int = 200) -> Http
 
 @page(VIEW)
 def pause_list(request: HttpRequest) -> HttpResponse:
-    initial = {k: request.GET[k] for k in ("scope", "target") if k in request.GET}
+    initial = {k: request.GET[k] for k in ("scope", "target", "tenant") if k in request.GET}
     return _render(request, PauseForm(initial=initial))
 
 
@@ -38,13 +38,14 @@ def pause_create(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _render(request, form, status=400)
     data = form.cleaned_data
-    if data["scope"] == Scope.GLOBAL and not data["confirm"]:
+    if data["scope"] == Scope.GLOBAL and not data["tenant"] and not data["confirm"]:
         # A global pause stops everything: a second, explicit step (no JavaScript needed).
         return render_console(request, "console/pause_confirm.html", title="Confirm global pause", form=form)
     try:
         row = pause(
             scope=data["scope"],
             target=data["target"],
+            tenant=data["tenant"],
             mode=data["mode"],
             reason=data["reason"],
             actor=actor(request),
@@ -53,8 +54,7 @@ def pause_create(request: HttpRequest) -> HttpResponse:
     except ValueError as exc:
         form.add_error(None, str(exc))
         return _render(request, form, status=400)
-    where = "everything" if row.scope == Scope.GLOBAL else f"{row.scope} {row.target}"
-    messages.success(request, f"Paused {where} ({row.mode}).")
+    messages.success(request, f"Paused {row.covers} ({row.mode}).")
     return HttpResponseRedirect(reverse("console:pauses"))
 
 
@@ -64,7 +64,7 @@ def pause_resume(request: HttpRequest, pause_id: int) -> HttpResponse:
     note = form.cleaned_data["note"] if form.is_valid() else ""
     try:
         row = resume(pause_id=pause_id, actor=actor(request), note=note)
-        messages.success(request, f"Resumed {'everything' if row.scope == Scope.GLOBAL else row.scope + ' ' + row.target}.")
+        messages.success(request, f"Resumed {row.covers}.")
     except ValueError as exc:
         messages.error(request, str(exc))
     return HttpResponseRedirect(reverse("console:pauses"))

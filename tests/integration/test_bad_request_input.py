@@ -57,7 +57,7 @@ CONSOLE_PARAMS = {
     "/admin/console/jobs/": [*FILTER_KEYS, "page"],
     "/admin/console/failures/": ["window"],
     "/admin/console/exports/": ["page"],
-    "/admin/console/pauses/": ["scope", "target"],
+    "/admin/console/pauses/": ["scope", "target", "tenant"],
     "/admin/console/attention/": ["page"],
     "/admin/console/budgets/": ["page"],
     "/admin/console/reviews/": ["page"],

@@ -81,7 +81,9 @@ def _overlapping_budgets() -> list[Budget]:
                 )
         for queue in ("default", "bulk"):
             made.append(
-                budgets.create_budget(name=f"q-{queue}-{n}", scope="queue", target=queue, actor="ops", request_limit=QUEUE_REQUESTS)
+                budgets.create_budget(
+                    name=f"q-{queue}-{n}", scope="queue", target=queue, actor="ops", request_limit=QUEUE_REQUESTS
+                )
             )
         for tenant in ("acme", "globex"):
             made.append(budgets.create_budget(name=f"{tenant}-{n}", scope="global", tenant=tenant, actor="ops"))

@@ -206,6 +206,8 @@ TABLE: dict[str, list[Case]] = {
             for value in ("nan", "inf", "-inf", "0", "-5", "1e12", "abc")
         ],
         c(*PAUSE_DEFAULT, "--mode", "nope", names="--mode"),
+        *[c(*PAUSE_DEFAULT, "--tenant", value, names="tenant") for value in (" acme", "t" * 101, NUL, SURROGATE)],
+        c("--tenant", "acme", names="--tenant"),  # a tenant without a scope to pause
         *actor_cases(*PAUSE_DEFAULT),
         c("--queue", "default", "--kind", "noop", "--reason", "maintenance", names="--kind"),
         c("--global=1", names="--global"),
@@ -217,6 +219,9 @@ TABLE: dict[str, list[Case]] = {
         *[c("--queue", value, names="--queue") for value in ("nope", "", NUL)],
         *[c("--kind", value, names="--kind") for value in ("nope", "", SURROGATE)],
         c("{pause}", "--queue", "bulk", names="--queue"),
+        *[c("--queue", "bulk", "--tenant", value, names="--tenant") for value in ("t" * 101, NUL)],
+        c("--queue", "bulk", "--tenant", "acme", names="tenant acme"),  # bulk is paused for every tenant, not acme
+        c("{pause}", "--tenant", "acme", names="--tenant"),
         *[c("{pause}", "--note", value, names="--note") for value in (NUL, SURROGATE, "n" * 501)],
         *actor_cases("{pause}"),
         c("--global=1", names="--global"),
@@ -260,7 +265,7 @@ TABLE: dict[str, list[Case]] = {
         c("create", "b-queue3", "--scope", "queue", names="target"),
         c("create", "b-global", "--scope", "global", "--target", "default", names="target"),
         *[c("create", value, "--scope", "global", names="name") for value in ("n" * 101, NUL, SURROGATE, "", "b1")],
-        *[c(*BUDGET_NEW, "--tenant", value, names="--tenant") for value in ("t" * 101, NUL)],
+        *[c(*BUDGET_NEW, "--tenant", value, names="--tenant") for value in ("t" * 101, NUL, " acme")],
         *[c(*BUDGET_NEW, "--timezone", value, names="zone") for value in ("Nowhere/City", "z" * 65, NUL, "../../etc/passwd")],
         *[c(*BUDGET_NEW, "--currency", value, names="--currency") for value in ("EURO", NUL)],
         *[c(*BUDGET_NEW, "--spend", value, names="--spend") for value in (HUGE, "-1", "nan", "1.5")],
@@ -624,6 +629,8 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
         ["koala_job", seeds["job"], "--actor", "ops"],
         ["koala_pause", "--kind", "noop", "--reason", "deploy", "--expires-in", "30", "--actor", "ops"],
         ["koala_resume", "--kind", "noop", "--note", "done", "--actor", "ops"],
+        ["koala_pause", "--kind", "noop", "--tenant", "acme", "--reason", "acme only", "--actor", "ops"],
+        ["koala_resume", "--kind", "noop", "--tenant", "acme", "--actor", "ops"],
         ["koala_budget", "create", "q", "--scope", "queue", "--target", "bulk", "--spend", "100", "--concurrency", "2"],
         ["koala_budget", "set", "q", "--spend", "none", "--actor", "ops"],
         ["koala_budget", "price", "m-large", "900", "4500"],

@@ -46,6 +46,31 @@ def test_a_second_pause_of_the_same_scope_is_refused_with_the_services_reason(
     assert "already paused" in response.content.decode()
 
 
+def test_a_tenants_pause_from_the_console_holds_that_tenant_only(clients: dict[str, Client], redis_clean: None) -> None:
+    operator = clients["operator"]
+    # A global pause of one tenant stops nobody else: no confirmation step.
+    made = operator.post("/admin/console/pauses/new/", {"scope": "global", "tenant": "acme", "mode": "drain", "reason": "acme"})
+    assert made.status_code == 302
+    live = Pause.objects.get()
+    assert (live.scope, live.target, live.tenant) == ("global", "", "acme")
+    page = operator.get("/admin/console/pauses/").content.decode()
+    assert f'data-pause="{live.pk}" data-scope="global" data-target="" data-tenant="acme"' in page
+    assert "for tenant <code>acme</code>" in page
+    # The dashboard's queues are not "paused": other tenants' jobs run there.
+    enqueue(kind="noop", input={})
+    board = operator.get("/admin/console/").content.decode()
+    assert 'data-queue="default"' in board and "data-paused=" not in board and 'id="pause-banner"' in board
+    # A tenant the service refuses is said on the form, and nothing is paused.
+    refused = operator.post(
+        "/admin/console/pauses/new/", {"scope": "queue", "target": "bulk", "tenant": " acme", "mode": "drain", "reason": "x"}
+    )
+    assert refused.status_code == 400 and "spaces around" in refused.content.decode()
+    assert Pause.objects.count() == 1
+    # Every tenant's pause of the same scope is its own row.
+    assert operator.post("/admin/console/pauses/new/", {"scope": "global", "mode": "drain", "reason": "all"}).status_code == 200
+    assert Pause.objects.count() == 1  # ... which asks for confirmation first
+
+
 def test_bulk_cancel_applies_to_everything_the_filter_matches(clients: dict[str, Client], redis_clean: None) -> None:
     bulk = [enqueue(kind="noop", input={}, queue="bulk").job_id for _ in range(7)]
     other = [enqueue(kind="noop", input={}, queue="critical").job_id for _ in range(3)]

@@ -94,6 +94,38 @@ def test_a_provider_billing_past_the_bound_is_recorded_pauses_the_scope_and_show
     assert f"+{shown}" in board
 
 
+def test_an_overshoot_on_one_tenants_budget_pauses_that_tenant_only(provider: FakeProvider, redis_clean: None) -> None:
+    budgets.set_model_price(model="m-small", input_minor_per_mtok=PRICE_IN, output_minor_per_mtok=PRICE_OUT, actor="ops")
+    budgets.create_budget(
+        name="acme-models", scope="kind", target="model.complete", tenant="acme", spend_limit_minor=5000, actor="ops"
+    )
+    provider.fault("overbill", resource="completions", times=1)
+
+    def call(tenant: str, text: str) -> int:
+        data = {"model": "m-small", "prompt": text, "max_tokens": 16, "tenant": tenant}
+        return enqueue(kind="model.complete", input=data).job_id
+
+    first = call("acme", "Summarise the day's orders.")
+    run_until(first, "succeeded")
+    assert Operation.objects.get(job_id=first).overshoot_minor > 0
+
+    # The pause holds acme's calls of the kind, not the kind for every tenant.
+    pause = Pause.objects.get(lifted_at__isnull=True)
+    assert (pause.scope, pause.target, pause.tenant, pause.source) == ("kind", "model.complete", "acme", "budget")
+    held, other = call("acme", "again"), call("globex", "and for globex")
+    drain()
+    assert Job.objects.get(pk=other).state == "succeeded"
+    assert Job.objects.get(pk=held).state == "queued"
+    assert len(provider.events("effect", "completions")) == 2  # acme's first call and globex's
+
+    # The banner says whose work it holds.
+    ensure_roles()
+    viewer = Client()
+    viewer.force_login(make_user("aude", "auditors"))
+    banner = viewer.get("/admin/console/").content.decode()
+    assert 'id="pause-banner"' in banner and "tenant <code>acme</code>" in banner
+
+
 def test_a_call_within_its_bound_records_no_overshoot_and_the_dashboard_shows_none(
     provider: FakeProvider, redis_clean: None
 ) -> None:

@@ -91,6 +91,9 @@ def test_key_is_unique_per_kind_not_global(redis_clean: None) -> None:
         (JobSpec(kind="noop", input={"ratio": float("nan")}), r"input\.ratio is not a finite number"),
         (JobSpec(kind="noop", idempotency_key="k\x00"), "idempotency_key contains a NUL character"),
         (JobSpec(kind="noop", correlation_id="c" * 65), "correlation_id"),
+        # Budgets and pauses hold a job by the tenant its input names: a name, or nothing.
+        (JobSpec(kind="noop", input={"tenant": 42}), r"input\.tenant names the job's tenant .*not int"),
+        (JobSpec(kind="noop", input={"tenant": ["acme"]}), r"input\.tenant names the job's tenant .*not list"),
     ],
 )
 def test_bad_input_is_a_clear_error_and_no_row_changes(redis_clean: None, spec: JobSpec, message: str) -> None:

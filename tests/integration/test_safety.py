@@ -240,6 +240,68 @@ def test_paused_scopes_are_not_claimed_and_resume_runs_them(tmp_path: Path, redi
     assert Job.objects.get(pk=job_id).state == "succeeded"
 
 
+def test_a_tenant_pause_holds_that_tenants_jobs_only(tmp_path: Path, redis_clean: None) -> None:
+    def steady(tenant: str) -> int:
+        return enqueue(kind="tests.steady", input={"log": str(tmp_path / f"{tenant}.log"), "seconds": 0, "tenant": tenant}).job_id
+
+    row = pauses.pause(scope="kind", target="tests.steady", tenant="acme", mode="stop", reason="acme's incident", actor="ops")
+    acme, globex = steady("acme"), steady("globex")
+    # Heartbeats of acme's running attempts are told to stop; globex's are not.
+    assert pauses.stop_requested(kind="tests.steady", queue="default", tenant="acme")
+    assert not pauses.stop_requested(kind="tests.steady", queue="default", tenant="globex")
+    assert not pauses.stop_requested(kind="tests.steady", queue="default", tenant="")
+    # Workers do not skip the kind for everyone: only acme's job is held.
+    assert drain() == 1
+    assert list(Job.objects.filter(pk__in=[acme, globex]).order_by("pk").values_list("state", flat=True)) == [
+        "queued",
+        "succeeded",
+    ]
+    # The same tenant may be paused in another scope, and every tenant in this one, at once.
+    everyone = pauses.pause(scope="queue", target="default", reason="deploy", actor="ops")
+    with pytest.raises(SafetyError, match=r"tenant acme .*already paused"):
+        pauses.pause(scope="kind", target="tests.steady", tenant="acme", reason="again", actor="ops")
+    pauses.resume(pause_id=everyone.pk, actor="ops")
+    pauses.resume(pause_id=row.pk, actor="ops")
+    assert drain() == 1 and Job.objects.get(pk=acme).state == "succeeded"
+
+
+def test_a_tenant_pause_over_the_worker_api(tmp_path: Path, redis_clean: None) -> None:
+    """The HTTP protocol's claim and heartbeat (api.protocol) honour a tenant's pause the same way."""
+    from api import protocol
+
+    worker = protocol.Registration(
+        worker_id="http-1", served=("tests.steady@1",), queues=("default",), concurrency=4, key_prefix=""
+    )
+
+    def steady(tenant: str) -> int:
+        return enqueue(kind="tests.steady", input={"log": str(tmp_path / "s.log"), "seconds": 0, "tenant": tenant}).job_id
+
+    steady("acme"), steady("globex")
+    running = {lease.tenant: lease for lease in protocol.claim_for(worker, count=2, state=protocol.claim_pass())}
+    assert sorted(running) == ["acme", "globex"]
+    pauses.pause(scope="kind", target="tests.steady", tenant="acme", mode="stop", reason="acme's incident", actor="ops")
+    beats = {
+        tenant: protocol.heartbeat(held=leases.lease_of(attempt_id=lease.attempt_id), progress=None)  # type: ignore[arg-type]
+        for tenant, lease in running.items()
+    }
+    assert (beats["acme"]["cancel"], beats["acme"]["reason"], beats["globex"]["cancel"]) == (True, "stop_pause", False)
+    # A new pass claims globex's next job of the kind and leaves acme's queued.
+    later = {tenant: steady(tenant) for tenant in ("acme", "globex")}
+    claimed = protocol.claim_for(worker, count=2, state=protocol.claim_pass())
+    assert [lease.job_id for lease in claimed] == [later["globex"]]
+    assert Job.objects.get(pk=later["acme"]).state == "queued"
+
+
+@pytest.mark.parametrize(
+    ("tenant", "message"),
+    [(" acme", "no spaces around"), ("a" * 101, "at most 100"), ("ac\x00me", "NUL"), ("   ", "no spaces around")],
+)
+def test_a_pauses_tenant_is_checked(tenant: str, message: str) -> None:
+    with pytest.raises(SafetyError, match=message):
+        pauses.pause(scope="global", tenant=tenant, reason="bad tenant", actor="ops")
+    assert not Pause.objects.exists()
+
+
 def test_an_expired_pause_no_longer_holds_work(tmp_path: Path, redis_clean: None) -> None:
     job_id = enqueue(kind="tests.steady", input={"log": str(tmp_path / "s.log"), "seconds": 0}).job_id
     row = pauses.pause(scope="global", reason="short", actor="ops", expires_at=timezone.now() + timedelta(minutes=5))
@@ -454,6 +516,16 @@ def test_pause_resume_and_reviews_commands(
     call_command("koala_resume", "--queue", "default", "--note", "fixed", "--actor", "ops")
     with pytest.raises(CommandError, match="not paused"):
         call_command("koala_resume", "--queue", "default")
+    assert pauses.active_pauses() == []
+    # One tenant's pause: listed with its tenant, lifted by naming it (the scope alone says which to add).
+    call_command("koala_pause", "--kind", "noop", "--tenant", "acme", "--reason", "acme's incident", "--actor", "ops")
+    assert "kind noop tenant acme paused (drain)" in capsys.readouterr().out
+    call_command("koala_pause")
+    assert "kind noop tenant acme drain (manual) by ops" in capsys.readouterr().out
+    with pytest.raises(CommandError, match=r"kind noop is not paused \(paused for tenant acme: add --tenant\)"):
+        call_command("koala_resume", "--kind", "noop")
+    call_command("koala_resume", "--kind", "noop", "--tenant", "acme", "--actor", "ops")
+    assert "kind noop tenant acme resumed" in capsys.readouterr().out
     assert pauses.active_pauses() == []
 
     job_id = charge(tmp_path, created_by="alice", amount=6000)

@@ -110,6 +110,7 @@ def create_budget(
     if not name.strip():
         raise SafetyError("a budget needs a name.")
     targets.check_scope(scope, target)
+    targets.check_tenant(tenant)
     zone = timezone
     try:
         zoneinfo.ZoneInfo(zone)
@@ -376,15 +377,18 @@ def pause_overshot(*, overshoots: Sequence[Overshoot], operation: str) -> list[P
 
 
 def pause_scope(*, budget: Budget, reason: str) -> Pause | None:
-    """Drain-pause the scope ``budget`` covers, as the budget (an exhausted cap, an overshoot).
+    """Drain-pause the scope ``budget`` covers, as the budget (an exhausted cap, an overshoot):
+    for the budget's tenant only when it has one, so one tenant's exhausted or overshot budget
+    holds that tenant's work and nobody else's.
 
-    None when that scope is already paused: pause_one_live_per_scope decides, inside pause()'s
-    own savepoint, and the existing pause stands.
+    None when that scope is already paused for that tenant: pause_one_live_per_scope decides,
+    inside pause()'s own savepoint, and the existing pause stands.
     """
     try:
         return pauses.pause(
             scope=budget.scope,
             target=budget.target,
+            tenant=budget.tenant,
             mode=PauseMode.DRAIN,
             source=PauseSource.BUDGET,
             actor="budget",

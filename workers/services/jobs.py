@@ -64,6 +64,13 @@ def _validated(spec: JobSpec, *, created_by: str = "") -> tuple[kinds.JobKind, s
     # this deployment's KOALA_QUEUES leaves out) would wait for ever.
     queue = targets.check_queue(spec.queue if spec.queue is not None else kind.queue)
     kind.check_input(spec.input)
+    tenant = spec.input.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        # Budgets and pauses hold a job by this name (leases.Lease.tenant, the claim's input->>'tenant'):
+        # anything else would be held by one and not the other.
+        raise EnqueueError(
+            f"input.tenant names the job's tenant for budgets and pauses: a string (or null), not {type(tenant).__name__}."
+        )
     try:
         # allow_nan=False: NaN and Infinity are not JSON and jsonb refuses them.
         encoded = json.dumps(spec.input, sort_keys=True, allow_nan=False)

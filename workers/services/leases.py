@@ -234,7 +234,9 @@ class ClaimPass:
 
     @classmethod
     def read(cls) -> ClaimPass:
-        live = pauses.active_pauses()
+        # A tenant's pause holds some of a kind's or queue's jobs (the claim statement passes over
+        # them): skipping the kind or the queue for it would hold every other tenant's jobs too.
+        live = pauses.pauses_of_every_tenant()
         blocked = {p.target for p in live if p.scope == Scope.QUEUE}
         if any(p.scope == Scope.GLOBAL for p in live):
             blocked.add("*")

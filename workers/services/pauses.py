@@ -1,9 +1,12 @@
-"""Pause switches: global, per queue or per kind, in drain or stop mode; and the circuit breaker.
+"""Pause switches: global, per queue or per kind, for every tenant or one, in drain or stop mode;
+and the circuit breaker.
 
 A pause is a row. The claim statement refuses jobs covered by a live pause, so "nothing
 new is claimed" holds for every worker at once, from the next claim on. A stop pause
 is also read by each running attempt's heartbeat, which cancels the body and releases
-the job without using an attempt. Paused jobs simply stay queued.
+the job without using an attempt. Paused jobs simply stay queued. A pause with a tenant
+holds only the jobs whose input names that tenant (a budget of that tenant's overshoot
+pauses that tenant's work, not everybody's).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ def _live() -> Q:
 
 
 def active_pauses() -> list[Pause]:
-    return list(Pause.objects.filter(_live()).order_by("scope", "target"))
+    return list(Pause.objects.filter(_live()).order_by("scope", "target", "tenant"))
+
+
+def pauses_of_every_tenant() -> list[Pause]:
+    """The live pauses that hold their scope for every tenant: the ones a worker may skip a queue
+    or a kind for up front. A tenant's pause holds only some of a kind's jobs; the claim
+    statement passes over those itself, and skipping the kind would starve the other tenants."""
+    return [row for row in active_pauses() if not row.tenant]
 
 
 def lift_expired() -> int:
@@ -42,19 +52,22 @@ def pause(
     reason: str,
     actor: str,
     target: str = "",
+    tenant: str = "",
     mode: str = PauseMode.DRAIN,
     expires_at: datetime | None = None,
     source: str = PauseSource.MANUAL,
 ) -> Pause:
-    """Pause a scope. Pausing a scope that is already paused is an error naming the live pause.
+    """Pause a scope, for every tenant (``tenant`` empty) or for one. Pausing a scope that is
+    already paused for that tenant is an error naming the live pause.
 
     A person may pause only a queue or kind Koala knows (workers.targets): a typo must not
     leave a live pause that holds nothing. The machine's pauses (circuit breaker, budget)
-    name what their rows name (a kind with crashed jobs, a budget's scope) and are not
-    second-guessed: refusing them would silently drop a safety stop.
+    name what their rows name (a kind with crashed jobs, a budget's scope and tenant) and are
+    not second-guessed: refusing them would silently drop a safety stop.
     """
     if source == PauseSource.MANUAL:
         targets.check_scope(scope, target)
+        targets.check_tenant(tenant)
     elif scope not in Scope.values:
         raise SafetyError(f"unknown scope {scope!r}; known: {', '.join(Scope.values)}.")
     if scope == Scope.GLOBAL and target:
@@ -75,6 +88,7 @@ def pause(
             row = Pause.objects.create(
                 scope=scope,
                 target=target,
+                tenant=tenant,
                 mode=mode,
                 source=source,
                 reason=redact_text(reason.strip(), limit=1000),
@@ -86,13 +100,21 @@ def pause(
                 action=AuditAction.PAUSE,
                 target_type="pause",
                 target_id=row.pk,
-                details={"scope": scope, "target": target, "mode": mode, "source": source, "reason": row.reason},
+                details={
+                    "scope": scope,
+                    "target": target,
+                    "tenant": tenant,
+                    "mode": mode,
+                    "source": source,
+                    "reason": row.reason,
+                },
             )
     except IntegrityError:
-        # pause_one_live_per_scope decided: a concurrent or earlier pause holds this scope.
-        live = Pause.objects.filter(scope=scope, target=target, lifted_at__isnull=True).first()
+        # pause_one_live_per_scope decided: a concurrent or earlier pause holds this scope and tenant.
+        live = Pause.objects.filter(scope=scope, target=target, tenant=tenant, lifted_at__isnull=True).first()
+        covers = Pause(scope=scope, target=target, tenant=tenant).covers
         raise SafetyError(
-            f"{scope} {target or ''} is already paused (pause {live.pk if live else '?'}, {live.mode if live else ''}); "
+            f"{covers} is already paused (pause {live.pk if live else '?'}, {live.mode if live else ''}); "
             "resume it first or change that pause."
         ) from None
     return row
@@ -112,7 +134,7 @@ def resume(*, pause_id: int, actor: str, note: str = "") -> Pause:
             action=AuditAction.RESUME,
             target_type="pause",
             target_id=pause_id,
-            details={"scope": row.scope, "target": row.target, "note": redact_text(note, limit=500)},
+            details={"scope": row.scope, "target": row.target, "tenant": row.tenant, "note": redact_text(note, limit=500)},
         )
         from workers.services.maintenance import dispatch
 
@@ -120,10 +142,10 @@ def resume(*, pause_id: int, actor: str, note: str = "") -> Pause:
     return row
 
 
-def stop_requested(*, kind: str, queue: str) -> bool:
-    """True if a live stop-mode pause covers a job of this kind and queue (read by heartbeats)."""
+def stop_requested(*, kind: str, queue: str, tenant: str) -> bool:
+    """True if a live stop-mode pause covers a job of this kind, queue and tenant (read by heartbeats)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.STOP_REQUESTED, {"queue": queue, "kind": kind})
+        cursor.execute(sql.STOP_REQUESTED, {"queue": queue, "kind": kind, "tenant": tenant})
         (found,) = cursor.fetchone()
     return bool(found)
 
@@ -151,7 +173,8 @@ def trip_breakers(*, threshold: int | None = None) -> list[Pause]:
         )
         if last_trip is not None and last_trip >= last_crash:
             continue
-        if Pause.objects.filter(_live(), scope=Scope.KIND, target=kind).exists():
+        # Already held for everyone; a pause of one tenant does not stop the others' crashes.
+        if Pause.objects.filter(_live(), scope=Scope.KIND, target=kind, tenant="").exists():
             continue
         try:
             tripped.append(

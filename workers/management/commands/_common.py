@@ -16,8 +16,8 @@ from django.core.management.base import CommandError, CommandParser
 from koala import cli
 from koala.models import AuditEvent
 from workers import targets
-from workers.errors import UnknownName
-from workers.models import Job, Scope
+from workers.errors import SafetyError, UnknownName
+from workers.models import Job, Pause, Scope
 
 
 def cli_actor(explicit: str | None) -> str:
@@ -59,6 +59,14 @@ def _named_by(check: Any, parse_text: cli.Parse) -> cli.Parse:
 queue_name = _named_by(targets.check_queue, cli.field_text(Job, "queue"))
 kind_name = _named_by(targets.check_kind, cli.field_text(Job, "kind"))
 registered_kind = _named_by(lambda name: targets.check_kind(name, with_jobs=False), cli.field_text(Job, "kind"))
+
+
+def tenant_name(value: str) -> str:
+    """A pause's or budget's tenant (workers.targets.check_tenant); "" for every tenant."""
+    try:
+        return targets.check_tenant(cli.field_text(Pause, "tenant", allow_empty=True)(value))
+    except SafetyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def scope_name(value: str) -> str:

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from koala import cli
 from workers import targets
 from workers.errors import SafetyError
-from workers.management.commands._common import add_actor_argument, cli_actor, scope_name
+from workers.management.commands._common import add_actor_argument, cli_actor, scope_name, tenant_name
 from workers.models import Budget, ModelPrice
 from workers.services.budgets import LIMIT_FIELDS, create_budget, set_model_price, update_budget, usage_for
 
@@ -54,7 +54,7 @@ class Command(BaseCommand):
                 cmd.add_argument(
                     "--target", type=cli.field_text(Budget, "target", allow_empty=True), default="", help="queue or kind name"
                 )
-                cmd.add_argument("--tenant", type=cli.field_text(Budget, "tenant", allow_empty=True), default="")
+                cmd.add_argument("--tenant", type=tenant_name, default="")
                 cmd.add_argument("--timezone", type=cli.time_zone, default="UTC")
                 cmd.add_argument("--currency", type=cli.field_text(Budget, "currency"), default="EUR")
             for field, flag in _LIMIT_OPTIONS.items():

@@ -12,7 +12,10 @@ from workers.services.pauses import active_pauses, resume
 
 
 class Command(BaseCommand):
-    help = "Lift a pause (by id, or by scope: --global / --queue NAME / --kind NAME). Its queued jobs resume at once."
+    help = (
+        "Lift a pause (by id, or by scope: --global / --queue NAME / --kind NAME, with --tenant NAME for a tenant's "
+        "pause). Its queued jobs resume at once."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         where = parser.add_mutually_exclusive_group(required=True)
@@ -21,23 +24,31 @@ class Command(BaseCommand):
         # Any name a pause may hold (a retired queue's pause must stay liftable); "not paused" otherwise.
         where.add_argument("--queue", type=cli.field_text(Pause, "target"))
         where.add_argument("--kind", type=cli.field_text(Pause, "target"))
+        # Any name a pause may hold; "not paused" otherwise. Empty: the pause of every tenant.
+        parser.add_argument("--tenant", type=cli.field_text(Pause, "tenant", allow_empty=True), default="")
         # The audit row keeps at most this much of the note; longer is refused, not cut.
         parser.add_argument("--note", type=cli.text(500, allow_empty=True), default="", help="why it is safe to resume (audited)")
         add_actor_argument(parser, "resumes")
 
     def handle(self, *args: Any, **options: Any) -> None:
         pause_id = options["pause_id"]
+        tenant = options["tenant"]
         if pause_id is None:
             scope, target = scope_from_options(options)
-            live = [p for p in active_pauses() if p.scope == scope and p.target == target]
+            live = [p for p in active_pauses() if (p.scope, p.target, p.tenant) == (scope, target, tenant)]
             if not live:
-                lapsed = Pause.objects.filter(scope=scope, target=target, lifted_at__isnull=True).first()
+                lapsed = Pause.objects.filter(scope=scope, target=target, tenant=tenant, lifted_at__isnull=True).first()
                 if lapsed is None:
-                    raise CommandError(f"{scope} {target or '*'} is not paused.")
+                    others = [p.tenant for p in active_pauses() if (p.scope, p.target) == (scope, target) and p.tenant]
+                    hint = f" (paused for tenant {', '.join(others)}: add --tenant)" if others and not tenant else ""
+                    raise CommandError(f"{Pause(scope=scope, target=target, tenant=tenant).covers} is not paused{hint}.")
                 live = [lapsed]
             pause_id = live[0].pk
+        elif tenant:
+            raise CommandError("--tenant picks a pause by scope; a pause id names one already.")
         try:
             row = resume(pause_id=pause_id, actor=cli_actor(options["actor"]), note=options["note"])
         except SafetyError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"pause {row.pk} lifted: {row.scope} {row.target or '*'} resumed")
+        tenant_text = f" tenant {row.tenant}" if row.tenant else ""
+        self.stdout.write(f"pause {row.pk} lifted: {row.scope} {row.target or '*'}{tenant_text} resumed")
