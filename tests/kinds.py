@@ -186,6 +186,9 @@ def _charge_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
         return OperationResult(external_id=f"ch_{key[-12:]}", data={"charged": amount, **extra}, cost_minor=amount)
 
     reconcile = None if data.get("no_lookup") else (lambda key: _world_lookup(world, key))
+    if data.get("raw_lookup"):
+        # A kind's mistake: the provider's raw answer handed back instead of an OperationResult.
+        reconcile = lambda key: {"found": bool(world_effects(world, key))}  # noqa: E731
     result = ctx.operation(
         "charge",
         kind="charge",

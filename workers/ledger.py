@@ -105,6 +105,11 @@ RECONCILE_MIN_DELAY = 1.0  # seconds between two looks at one open outcome, at l
 RECONCILE_MAX_DELAY = 60.0  # … and at most (the delay grows with the time the outcome has been open)
 
 
+def _is_reconcile_answer(answer: object) -> bool:
+    """Whether ``answer`` is one of the answers reconcile() may give (the Reconcile type)."""
+    return answer is None or answer is ABSENT or isinstance(answer, OperationResult | Miss | Processing)
+
+
 def fingerprint(params: dict[str, Any]) -> str:
     canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -216,6 +221,22 @@ class _Ledger:
             except Exception as exc:  # the lookup failed in a way retrying will not fix: we cannot tell
                 log.warning("operation %s: reconcile failed: %s", op.pk, type(exc).__name__)
                 answer = None
+            else:
+                if not _is_reconcile_answer(answer):
+                    # A bug in the kind's code (a raw provider answer handed back, say), refused at once
+                    # as perform()'s answer is (_call). Not a fatal failure: the outcome is still open
+                    # (the call may have happened), so nothing may be re-sent, and a failed job would
+                    # end holding its reservation off every person's list. Not a look again later: the
+                    # same code gives the same answer, for KOALA_RECONCILE_MAX_WAIT_SECONDS. A person
+                    # settles it from the needs-attention page; the re-run then never asks reconcile.
+                    wrong = TypeError(
+                        f"reconcile() for {self.name!r} returned {type(answer).__name__}, not an OperationResult, "
+                        "ABSENT, Miss, Processing or None"
+                    )
+                    log.error("operation %s: %s (a bug in the kind %s)", op.pk, wrong, self.ctx.kind.key)
+                    raise self._ask_a_person(
+                        op, f"{wrong}: a bug in the kind's code; check the provider, then fix the kind"
+                    ) from None
         if isinstance(answer, OperationResult):
             return self._settle_success(op, answer, state=OperationState.RECONCILED, resolution=Resolution.FOUND, own=False)
         if self.reconcile is None or (answer is None and not failure):

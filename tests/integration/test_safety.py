@@ -24,7 +24,7 @@ from workers import kinds
 from workers.context import JobContext
 from workers.errors import OperationMismatch, SafetyError, StaleAttempt
 from workers.ledger import OperationResult
-from workers.models import Budget, BudgetUsage, Job, Operation, Pause
+from workers.models import Attempt, Budget, BudgetUsage, Job, Operation, Pause
 from workers.runtime import get_runtime
 from workers.services import budgets, leases, pauses
 from workers.services.budgets import BudgetExhausted
@@ -82,6 +82,23 @@ def test_unreconcilable_outcome_parks_needs_attention_until_a_person_resolves_it
     assert job.result == {"external_id": "ch_manual_1", "resolved_manually": True}
     assert len(effects(tmp_path)) == 1
     assert AuditEvent.objects.filter(action="operation.resolve", target_id=str(op.pk)).count() == 1
+
+
+def test_a_reconcile_answering_the_wrong_type_parks_for_a_person_at_once(tmp_path: Path, redis_clean: None) -> None:
+    # Attempt 1: the charge's outcome is unknown; attempt 2 reconciles, and the kind's lookup
+    # returns a raw dict. Nothing may be re-sent (the charge may have happened), and looking
+    # again cannot help: the kind's code is wrong. A person settles it; no loop until a bound.
+    job_id = charge(tmp_path, mode="unknown_once", raw_lookup=True, amount=300)
+    job = run_until(job_id, "parked", timeout=10)
+    assert (job.park_reason, job.attempts) == ("needs_attention", 1)
+    assert "reconcile() for 'charge' returned dict" in job.park_detail and "bug in the kind" in job.park_detail
+    op = Operation.objects.get(job_id=job_id)
+    assert op.state == "uncertain" and "returned dict" in op.error_message
+    assert Attempt.objects.filter(job_id=job_id).count() == 2  # the first send, and one look
+    assert len(effects(tmp_path)) == 1
+    resolve_operation(operation_id=op.pk, happened=True, external_id="ch_seen", note="in the provider's dashboard", actor="ops")
+    assert run_until(job_id, "succeeded").result == {"external_id": "ch_seen", "resolved_manually": True}
+    assert len(effects(tmp_path)) == 1
 
 
 def test_resolved_as_not_happened_is_resent_under_the_same_key(tmp_path: Path, redis_clean: None) -> None:
