@@ -7,6 +7,7 @@ its lines counts real executions of the body, whatever Koala's own records say.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -364,3 +365,97 @@ remote_kind("http.probe", version=1, queue="default", max_attempts=3, timeout_se
 remote_kind("http.probe", version=2, queue="default", max_attempts=3, timeout_seconds=60.0, sensitive_fields={"secret"})
 remote_kind("http.once", version=1, queue="default", delivery=Delivery.AT_MOST_ONCE, max_attempts=1, timeout_seconds=60.0)
 remote_kind("http.charge", version=1, queue="default", max_attempts=3, critical={"charge": {"above_minor": 1000}})
+
+
+# -- Records of unusual shapes (tests/support/odd_shapes.py: the pages that show them) ---------------
+#
+# A kind of one's own owes Koala nothing about the shape of what it records: its parameters need
+# no "currency", its results may be lists or strings, its numbers may sit where another kind has
+# text. Every page must show such records as they are, masked, without failing.
+
+
+def odd_shape(shape: str, secret: str) -> Any:
+    """The value ``shape`` names, with ``secret`` (the job's declared-sensitive value) buried in it."""
+    if shape == "missing":
+        return {}
+    if shape == "nested":
+        return {"items": [[1, [2, [3, {"deep": [None, [True, f"see {secret}"]]}]]]], "grid": [[0, 1] * 20] * 20}
+    if shape == "huge":
+        blob = "z" * 60_000 + f" {secret}"
+        return {"blob": blob, "big": 10**30, "tiny": -(10**30), "float": 1.7e308, "many": list(range(3000))}
+    if shape == "unicode":
+        return {
+            "名前": "模型调用预算",
+            "emoji": "🙂🚀 " * 50,
+            "rtl": "مرحبا بالعالم",
+            "combining": "e\u0301\u200bz",
+            "markup": "<script>alert('x')</script>&amp;",
+            "note": f"référence {secret} ✓",
+        }
+    if shape == "numbers":  # numbers where other kinds keep text
+        return {"currency": 978, "to": 42, "model": 3.5, "target": 7, "name": 0, "reason": -1, "memo": secret}
+    if shape == "null":
+        return {"currency": None, "to": None, "amount": None, "memo": None, "echo": secret}
+    if shape == "types":
+        return {"currency": ["EUR", "USD"], "flag": True, "when": {"at": None}, "echo": [secret]}
+    raise ValueError(f"no shape {shape!r}")
+
+
+SHAPES = ("missing", "nested", "huge", "unicode", "numbers", "null", "types")
+
+
+def _shapes_body(ctx: JobContext, data: dict[str, Any]) -> Any:
+    """Records what ``data["shape"]`` says everywhere a body can (progress, run state, usage, an
+    operation's params, target, result, response and usage, its own result or error), then ends
+    as ``data["ending"]`` says: ``succeed``, ``fail`` (an error of that shape), ``attention``
+    (an operation whose outcome no lookup can settle) or ``review`` (a critical operation)."""
+    from workers.errors import OutcomeUnknown
+    from workers.ledger import OperationResult
+
+    secret, ending = data["secret"], data.get("ending", "succeed")
+    value = odd_shape(data["shape"], secret)
+    numbers = {k: v for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    ctx.progress(**value)
+    ctx.heartbeat()  # the checkpoint is stored now, whatever the ending
+    ctx.set_state(**value)
+    ctx.add_usage(**numbers)
+
+    def perform(key: str) -> OperationResult:
+        if ending == "attention" and ctx.attempt == 1:
+            raise OutcomeUnknown(f"no answer for {secret} ({data['shape']}) 模型")
+        return OperationResult(
+            external_id=str(value.get("to", key))[:40],
+            data=value,
+            usage={"model": "no-such-price", "input_tokens": 3, "odd": value.get("currency")},
+            summary={"answer": value},
+        )
+
+    ctx.operation(
+        "odd step",
+        kind="odd.thing",
+        params=value,
+        perform=perform,
+        reconcile=None,
+        amount_minor=int(data.get("amount_minor", 1234)),
+        target=f"{data['shape']} target ✓",
+    )
+    if ending == "fail":
+        raise ValueError(
+            f"the {data['shape']} step went wrong: {json.dumps(value)[:3000]} 模型 <b>{secret}</b> {data.get('note', '')}"
+        )
+    # Not always an object: nothing, a list, a string or a number is a result too.
+    returned: dict[str, Any] = {"missing": None, "nested": value.get("items"), "unicode": value.get("note"), "numbers": 42}
+    return returned.get(data["shape"], value)
+
+
+job_kind(
+    "tests.shapes",
+    version=1,
+    queue="default",
+    max_attempts=2,
+    timeout_seconds=60,
+    backoff_base=0.01,
+    backoff_cap=0.02,
+    sensitive_fields={"secret"},
+    critical={"odd step": lambda params, amount: amount is not None and amount > 100_000},
+)(_shapes_body)

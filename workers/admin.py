@@ -174,10 +174,15 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
 
 @admin.register(Operation)
 class OperationAdmin(JobDataAdmin):
-    list_display = ["id", "job", "name", "kind", "state", "resolution", "external_id", "cost_minor", "updated_at"]
+    list_display = ["id", "job", "name", "kind", "state", "resolution", "external_id", "amount", "cost_minor", "updated_at"]
     list_filter = ["state", "kind", "resolution"]
     search_fields = ["key", "external_id"]
     list_select_related = ["job"]
+
+    @admin.display(description="amount")
+    def amount(self, obj: Operation) -> str:
+        """The amount in its own currency (the operation's, never a key of its parameters)."""
+        return "—" if obj.amount_minor is None else f"{obj.amount_minor / 100:,.2f} {obj.currency}".strip()
 
 
 @admin.register(BudgetUsage)

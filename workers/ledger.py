@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -101,12 +102,13 @@ class Processing:
 ReconcileAnswer = OperationResult | _Absent | Miss | Processing | None
 Perform = Callable[[str], OperationResult]
 Reconcile = Callable[[str], ReconcileAnswer]
+_CURRENCY = re.compile(r"[A-Z]{3}")
 RECONCILE_MIN_DELAY = 1.0  # seconds between two looks at one open outcome, at least …
 RECONCILE_MAX_DELAY = 60.0  # … and at most (the delay grows with the time the outcome has been open)
 
 
 def _is_reconcile_answer(answer: object) -> bool:
-    """Whether ``answer`` is one of the answers reconcile() may give (the Reconcile type)."""
+    """Whether ``answer`` is one of the answers reconcile() may give (ReconcileAnswer)."""
     return answer is None or answer is ABSENT or isinstance(answer, OperationResult | Miss | Processing)
 
 
@@ -142,6 +144,8 @@ class _Ledger:
             raise ValueError("an operation needs a name")
         if estimate_minor < 0:
             raise ValueError("estimate_minor cannot be negative")
+        if currency and not _CURRENCY.fullmatch(currency):
+            raise ValueError(f"currency must be a 3-letter code in capitals (ISO 4217), not {currency[:10]!r}")
         self.ctx = ctx
         self.name = name
         self.kind = kind
@@ -152,7 +156,10 @@ class _Ledger:
         self.fingerprint = fingerprint(params)
         self.estimate = estimate_minor
         self.amount = amount_minor
-        self.currency = currency
+        # The currency of the amount: the step's own (a charge in the order's currency), else the
+        # one every cost is in. Stored on the row, so pages show the amount in it whatever the
+        # step's parameters hold (a kind of one's own need not name a currency there).
+        self.currency = currency or settings.KOALA_COST_CURRENCY
         self.target = target
         self.tenant = tenant if tenant is not None else ctx.lease.tenant
         # The attempt's redaction context plus the step's own sensitive parameters.
@@ -434,6 +441,7 @@ class _Ledger:
             "fp": self.fingerprint,
             "params": json.dumps(self._redact(self.params), default=str),
             "amount": self.amount,
+            "currency": self.currency,
             "target": self._text(self.target)[:200],
             "est": self.estimate,
             "res": json.dumps(reservations),
@@ -563,6 +571,7 @@ def settle_call(ctx: JobContext, *, operation: Operation, perform: Perform) -> d
         key=operation.key,
         estimate_minor=operation.estimate_minor,
         amount_minor=operation.amount_minor,
+        currency=operation.currency,
         target=operation.target,
     )
     with redaction.bind(ledger.redactor):

@@ -386,6 +386,15 @@ class Operation(models.Model):
     response = models.JSONField(default=dict, blank=True, help_text="Redacted summary of the provider's answer.")
     result = models.JSONField(null=True, blank=True, help_text="What the body got back (redacted); returned on re-run.")
     amount_minor = models.BigIntegerField(null=True, blank=True)
+    # db_default: a worker of the previous release, still running during a deploy, records
+    # operations without naming the column (they then show their amount without a currency).
+    currency = models.CharField(
+        max_length=3,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The currency of amount_minor: the one the step named, else KOALA_COST_CURRENCY.",
+    )
     target = models.CharField(max_length=200, blank=True, default="")
     estimate_minor = models.BigIntegerField(default=0)
     cost_minor = models.BigIntegerField(null=True, blank=True)

@@ -638,10 +638,10 @@ SECONDS_SINCE_LAST_SEND = (
 INSERT_OPERATION = """
 INSERT INTO workers_operation
     (job_id, attempt_id, lease_token, name, key, kind, fingerprint, params, state, resolution,
-     external_id, response, result, amount_minor, target, estimate_minor, cost_minor, usage,
+     external_id, response, result, amount_minor, currency, target, estimate_minor, cost_minor, usage,
      reservations, error_message, attempts, created_at, updated_at, settled_at)
 SELECT %(job)s, %(attempt)s, %(token)s, %(name)s, %(key)s, %(kind)s, %(fp)s, %(params)s::jsonb,
-       'in_flight', '', '', '{}', NULL, %(amount)s, %(target)s, %(est)s, NULL, '{}',
+       'in_flight', '', '', '{}', NULL, %(amount)s, %(currency)s, %(target)s, %(est)s, NULL, '{}',
        %(res)s::jsonb, '', 1, now(), now(), NULL
 ON CONFLICT (key) DO NOTHING
 RETURNING id

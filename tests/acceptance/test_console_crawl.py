@@ -2,7 +2,8 @@
 
 Realistic records are made through Koala's own services and runtime (jobs that failed with
 secrets in their messages, operations, reviews, needs-attention, pauses, budgets, exports, a
-registered worker), with secrets of many shapes planted, unique to this run, in declared-
+registered worker, jobs of a kind recording values of unusual shapes), with secrets of many
+shapes planted, unique to this run, in declared-
 sensitive input fields and in free text. Then a superuser, each console role and a staff user
 without a role log in and follow every same-origin link from /admin/ and the console home
 (breadth first, GET only), and also open every object page of every Koala model, the console's
@@ -53,6 +54,7 @@ from tests.links import page_links
 from tests.support.console_scenarios import shop, uncertain_charge
 from tests.support.exports import People, load_events, request
 from tests.support.fleet import wait_workers_ready
+from tests.support.odd_shapes import seed_odd_shapes
 from workers.models import Attempt, Budget, Job, Span
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import cancel_job, enqueue
@@ -115,7 +117,7 @@ class Planted:
             card_spaces=spaces,
             card_dashes=dashes,
             card_plus="+".join(amex_like[i : i + 4] for i in range(0, 16, 4)),
-            declared={kind: f"{kind.split('.')[-1]}-{_token(18)}" for kind in ("boom", "tests.leaky", "shop")},
+            declared={kind: f"{kind.split('.')[-1]}-{_token(18)}" for kind in ("boom", "tests.leaky", "shop", "tests.shapes")},
         )
 
     def free_text(self) -> str:
@@ -218,6 +220,9 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
     # An operation only a person can settle (stays on Needs attention), and ordinary shop jobs.
     uncertain_charge(provider, settings)
     run_until(shop("o-small", 1200), "succeeded")
+    # A kind of one's own recording values of unusual shapes everywhere (no "currency" in its
+    # operation's params, lists and strings for results, huge and non-ASCII values, nulls).
+    seed_odd_shapes(secret=planted.declared["tests.shapes"], note=text)
 
     # Pauses: one active (its reason is on every admin page's banner), one lifted with a note.
     pause(scope="kind", target="demo.flaky", reason=f"provider incident: {text}", actor="olga")

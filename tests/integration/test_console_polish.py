@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.apps import apps
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
@@ -69,6 +69,54 @@ def test_costs_and_amounts_name_their_currency(
     # Costs are in KOALA_COST_CURRENCY, whatever it is.
     settings.KOALA_COST_CURRENCY = "USD"
     assert element(page(clients["auditor"], f"/admin/console/jobs/{job.pk}/"), "job-cost").startswith(f"{cost / 100:,.2f} USD")
+
+
+def test_an_operations_amount_is_in_the_operations_currency_whatever_its_params_hold(
+    clients: dict[str, Client], settings: Any, redis_clean: None
+) -> None:
+    # A kind of one's own: no "currency" in its params (or a number there), no currency= given.
+    settings.KOALA_COST_CURRENCY = "CHF"
+    plain = enqueue(kind="tests.shapes", input={"shape": "missing", "secret": "s-1", "amount_minor": 1234}).job_id
+    numbers = enqueue(kind="tests.shapes", input={"shape": "numbers", "secret": "s-2", "amount_minor": 1234}).job_id
+    waiting = enqueue(kind="tests.shapes", input={"shape": "null", "secret": "s-3", "ending": "attention"}).job_id
+    for job_id in (plain, numbers):
+        run_until(job_id, "succeeded")
+    run_until(waiting, "parked")
+    # The operation keeps the currency of its amount: the kind named none, so the cost currency.
+    assert set(Operation.objects.values_list("currency", flat=True)) == {"CHF"}
+    settings.KOALA_COST_CURRENCY = "USD"  # a later change of the setting does not rewrite history
+    for job_id in (plain, numbers):
+        html = page(clients["auditor"], f"/admin/console/jobs/{job_id}/")
+        row = re.search(r'<tr data-operation="\d+".*?</tr>', html, re.DOTALL)
+        assert row and "12.34 CHF" in text(row.group(0)), job_id
+    attention = text(page(clients["operator"], "/admin/console/attention/"))
+    assert "12.34 CHF" in attention
+    root = Client()
+    root.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    admin_page = text(page(root, f"/admin/workers/operation/{Operation.objects.get(job_id=plain).pk}/change/"))
+    assert re.search(r"Amount minor: 1234 Currency: .*? CHF Target", admin_page)
+
+
+def test_operations_recorded_before_their_currency_column_get_one(settings: Any, redis_clean: None) -> None:
+    """Migration 0014: the currency a kind put in its parameters, else the cost currency."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    jobs = [enqueue(kind="tests.shapes", input={"shape": shape, "secret": "s"}).job_id for shape in ("missing", "numbers")]
+    for job_id in jobs:
+        run_until(job_id, "succeeded")
+    named, numbered = (Operation.objects.get(job_id=job_id).pk for job_id in jobs)
+    executor = MigrationExecutor(connection)
+    executor.migrate([("workers", "0013_pause_tenant")])
+    try:
+        with connection.cursor() as cursor:  # a charge whose kind named its currency in its params
+            cursor.execute("""UPDATE workers_operation SET params = '{"currency": "JPY"}' WHERE id = %s""", [named])
+    finally:
+        settings.KOALA_COST_CURRENCY = "SEK"
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert dict(Operation.objects.values_list("id", "currency")) == {named: "JPY", numbered: "SEK"}
 
 
 def _x_labels(html: str, chart: str) -> list[str]:

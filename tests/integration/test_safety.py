@@ -169,6 +169,18 @@ def test_a_stale_attempt_cannot_record_an_operation(tmp_path: Path, redis_clean:
     assert calls == [] and not Operation.objects.filter(job_id=job_id).exists()
 
 
+@pytest.mark.parametrize("currency", ["eur", "EURO", "E1R", "€"])
+def test_an_operations_currency_must_be_a_code(currency: str, tmp_path: Path, redis_clean: None) -> None:
+    job_id = charge(tmp_path, amount=100)
+    lease = leases.claim_job(job_id=job_id, worker="w", lease_seconds=30)
+    kind = kinds.get("tests.charge", 1)
+    assert lease is not None and kind is not None
+    ctx = JobContext(lease, kind, get_runtime())
+    with pytest.raises(ValueError, match="currency must be a 3-letter code in capitals"):
+        ctx.operation("charge", kind="charge", params={"a": 1}, perform=lambda key: OperationResult(), currency=currency)
+    assert not Operation.objects.exists()
+
+
 # -- budgets ---------------------------------------------------------------------------------------
 
 
