@@ -154,9 +154,13 @@ class BudgetCreateForm(BudgetLimitsForm):
     target = forms.CharField(required=False, max_length=100)
     tenant = forms.CharField(required=False, max_length=100)
     timezone = forms.CharField(max_length=64, initial="UTC")
-    currency = forms.CharField(max_length=3, initial="EUR")
 
-    field_order = ["name", "scope", "target", "tenant", "timezone", "currency", *LIMIT_FIELDS, "pause_on_exhaust"]
+    field_order = ["name", "scope", "target", "tenant", "timezone", *LIMIT_FIELDS, "pause_on_exhaust"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A budget is in the cost currency (the one every cost is priced in): said, not asked.
+        self.fields["spend_limit_minor"].label = f"Spend limit (minor units of {settings.KOALA_COST_CURRENCY})"
 
     def clean_timezone(self) -> str:
         value = self.cleaned_data["timezone"].strip()

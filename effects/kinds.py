@@ -47,7 +47,12 @@ MAX_RECIPIENTS = 10
 TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 CURRENCY = re.compile(r"^[A-Z]{3}$")
 CHARGE_REVIEW_ABOVE_MINOR = 5000
+# The one limit a model call's input has, as people count a prompt: characters. The kind's input
+# limit is derived from it (MODEL_INPUT_BYTES), so the engine never refuses a prompt this allows.
 MAX_PROMPT_CHARS = 20_000
+# A prompt character costs at most 6 bytes of JSON (a control character, written \u0001; a CJK one
+# is 3, an emoji 4), plus room for the other fields (model, max_tokens, tenant, …).
+MODEL_INPUT_BYTES = 6 * MAX_PROMPT_CHARS + 4_096
 
 
 def _found(answer: dict[str, Any] | object | None, result: Any) -> ReconcileAnswer:
@@ -287,6 +292,7 @@ def _completion_result(completion: dict[str, Any], price: ModelPrice | None = No
     required_fields={"model", "prompt"},
     sensitive_fields={"prompt"},
     validate=_validate_model_input,
+    max_input_bytes=MODEL_INPUT_BYTES,
 )
 def complete(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     client = models.client()

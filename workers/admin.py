@@ -208,7 +208,7 @@ class AuditedServiceAdmin(admin.ModelAdmin):
 class BudgetForm(forms.ModelForm):
     class Meta:
         model = Budget
-        fields = ["name", "scope", "target", "tenant", "timezone", "currency", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
+        fields = ["name", "scope", "target", "tenant", "timezone", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -236,8 +236,9 @@ class BudgetAdmin(AuditedServiceAdmin):
     fields = ["name", "scope", "target", "tenant", "timezone", "currency", *budget_services.LIMIT_FIELDS, "pause_on_exhaust"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # Scope and period are identity: change them by creating another budget.
-        return ["name", "scope", "target", "tenant", "timezone", "currency"] if obj is not None else []
+        # Scope and period are identity: change them by creating another budget. The currency is
+        # the cost currency, shown, never chosen (Budget.currency).
+        return ["name", "scope", "target", "tenant", "timezone", "currency"] if obj is not None else ["currency"]
 
     def save_model(self, request: HttpRequest, obj: Budget, form: Any, change: bool) -> None:
         actor = request.user.get_username()
@@ -251,7 +252,6 @@ class BudgetAdmin(AuditedServiceAdmin):
                 target=obj.target,
                 tenant=obj.tenant,
                 timezone=obj.timezone,
-                currency=obj.currency,
                 pause_on_exhaust=obj.pause_on_exhaust,
                 actor=actor,
                 **limits,

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 Body = Callable[["JobContext", dict[str, Any]], Any]
 InputValidator = Callable[[dict[str, Any]], None]
+# The most a job's input may hold unless its kind declares otherwise: UTF-8 bytes of its JSON
+# (compact, no \u escapes, so a CJK character counts 3). Messages describe the work; customer data
+# stays in the database. A kind whose input is one document (a prompt) declares its own limit.
+MAX_INPUT_BYTES = 16_384
 # When an operation is critical (needs a reviewer's approval): "always", {"above_minor": N},
 # or a callable taking the operation's parameters (and amount) and returning a bool.
 CriticalRule = str | Mapping[str, Any] | Callable[[dict[str, Any], "int | None"], bool]
@@ -55,6 +59,9 @@ class JobKind:
     sensitive_fields: frozenset[str] = field(default_factory=frozenset)
     required_fields: frozenset[str] = field(default_factory=frozenset)
     validate: InputValidator | None = None
+    # The most its input may hold, in UTF-8 bytes of JSON (workers.services.jobs measures it): a
+    # kind that advertises a bigger field (a prompt of N characters) derives this from it.
+    max_input_bytes: int = MAX_INPUT_BYTES
     critical: Mapping[str, CriticalRule] = field(default_factory=dict)  # operation name -> rule
     # Non-empty: an operator's retry of a finished job is refused with this advice (the kind has
     # its own way to try again, e.g. an export is requested anew).
@@ -112,6 +119,8 @@ def register(kind: JobKind) -> JobKind:
         raise ValueError(f"{kind.key}: delivery must be one of {Delivery.values}")
     if kind.max_attempts < 1:
         raise ValueError(f"{kind.key}: max_attempts must be at least 1")
+    if isinstance(kind.max_input_bytes, bool) or not isinstance(kind.max_input_bytes, int) or kind.max_input_bytes < 2:
+        raise ValueError(f"{kind.key}: max_input_bytes must be a whole number of bytes, at least 2 (the empty input, {{}})")
     for operation, rule in kind.critical.items():
         valid = rule == "always" or callable(rule) or (isinstance(rule, Mapping) and set(rule) == {"above_minor"})
         if not valid:

@@ -463,7 +463,6 @@ class Budget(models.Model):
     target = models.CharField(max_length=100, blank=True, default="", help_text="Queue or kind name; empty for global.")
     tenant = models.CharField(max_length=100, blank=True, default="", help_text="Empty: every tenant together.")
     timezone = models.CharField(max_length=64, default="UTC", help_text="The period is the calendar day here.")
-    currency = models.CharField(max_length=3, default="EUR")
     spend_limit_minor = models.BigIntegerField(null=True, blank=True)
     request_limit = models.BigIntegerField(null=True, blank=True)
     concurrency_limit = models.IntegerField(null=True, blank=True)
@@ -497,6 +496,12 @@ class Budget(models.Model):
     def __str__(self) -> str:
         where = self.target or "everything"
         return f"{self.name} ({self.scope} {where}{' / ' + self.tenant if self.tenant else ''})"
+
+    @property
+    def currency(self) -> str:
+        """The currency of its spend limit and usage: the one every cost is priced in
+        (KOALA_COST_CURRENCY). Koala converts nothing, so a budget in another could not be kept."""
+        return str(settings.KOALA_COST_CURRENCY)
 
 
 class BudgetUsage(models.Model):

@@ -45,7 +45,6 @@ def budget_create(request: HttpRequest) -> HttpResponse:
                 target=data["target"].strip(),
                 tenant=data["tenant"].strip(),
                 timezone=data["timezone"],
-                currency=data["currency"].upper(),
                 pause_on_exhaust=data["pause_on_exhaust"],
                 actor=actor(request),
                 **{name: data[name] for name in LIMIT_FIELDS},

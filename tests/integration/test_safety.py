@@ -211,6 +211,28 @@ def test_concurrent_reservations_never_exceed_the_cap() -> None:
     assert (usage.reserved_minor, usage.requests) == (700, 7)
 
 
+def test_budgets_are_in_the_cost_currency(settings: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """Spend is priced and reserved in KOALA_COST_CURRENCY and Koala converts nothing, so a budget
+    is in that currency: another one could not be honoured, and asking for it is refused."""
+    settings.KOALA_COST_CURRENCY = "USD"  # type: ignore[attr-defined]
+    budget = budgets.create_budget(name="usd", scope="kind", target="tests.spend", spend_limit_minor=100, actor="ops")
+    assert budget.currency == "USD" and Budget.objects.get(pk=budget.pk).currency == "USD"
+    with transaction.atomic():
+        budgets.reserve(kind="tests.spend", queue="default", tenant="", estimate_minor=100)
+    with pytest.raises(BudgetExhausted, match="spend limit 100 USD"), transaction.atomic():
+        budgets.reserve(kind="tests.spend", queue="default", tenant="", estimate_minor=1)
+    for currency in ("EUR", "eur", "XYZ"):
+        with pytest.raises(SafetyError, match=r"budgets are in KOALA_COST_CURRENCY \(USD\)"):
+            budgets.create_budget(name=f"b-{currency}", scope="global", currency=currency, actor="ops")
+    assert budgets.create_budget(name="said-usd", scope="global", currency="usd", actor="ops").currency == "USD"
+    assert list(Budget.objects.order_by("name").values_list("name", flat=True)) == ["said-usd", "usd"]
+    with pytest.raises(CommandError, match=r"KOALA_COST_CURRENCY \(USD\)"):
+        call_command("koala_budget", "create", "b-cli", "--scope", "global", "--currency", "EUR")
+    capsys.readouterr()
+    call_command("koala_budget", "list")
+    assert "reserved 100 USD" in capsys.readouterr().out
+
+
 def test_exhausted_budget_parks_jobs_and_a_raised_limit_resumes_them(tmp_path: Path, redis_clean: None) -> None:
     budget = budgets.create_budget(name="daily", scope="kind", target="tests.spend", spend_limit_minor=250, actor="ops")
     world = str(tmp_path / "world.log")

@@ -10,9 +10,9 @@ import pytest
 
 from workers import job_kind, kinds
 from workers.errors import EnqueueError
-from workers.kinds import JobKind, register, unregister
+from workers.kinds import MAX_INPUT_BYTES, JobKind, register, unregister
 from workers.models import Delivery
-from workers.services.jobs import MAX_INPUT_BYTES, JobSpec, enqueue_many, input_fingerprint
+from workers.services.jobs import JobSpec, enqueue_many, input_fingerprint
 
 
 def body(ctx, data):  # type: ignore[no-untyped-def]
@@ -53,6 +53,7 @@ def test_critical_rules_always_a_threshold_or_a_callable() -> None:
     [
         ({"delivery": "sometimes"}, "delivery must be one of"),
         ({"max_attempts": 0}, "max_attempts must be at least 1"),
+        *[({"max_input_bytes": value}, "max_input_bytes must be a whole number") for value in (0, 1.5, True, "16k")],
         ({"critical": {"charge": {"below_minor": 5}}}, "critical rule for 'charge'"),
         ({"critical": {"charge": "never"}}, "critical rule for 'charge'"),
         ({"delivery": Delivery.AT_MOST_ONCE, "max_attempts": 2}, "at_most_once kinds must have max_attempts=1"),
@@ -150,7 +151,7 @@ def test_enqueueing_nothing_does_nothing() -> None:
         (JobSpec(kind="noop", idempotency_key="k" * 201), "idempotency_key must be 1-200 characters"),
         (JobSpec(kind="noop", idempotency_key=""), "idempotency_key must be 1-200 characters"),
         (JobSpec(kind="noop", input={"when": object()}), "is not storable JSON"),
-        (JobSpec(kind="noop", input={"blob": "x" * MAX_INPUT_BYTES}), f"the limit is {MAX_INPUT_BYTES}"),
+        (JobSpec(kind="noop", input={"blob": "x" * MAX_INPUT_BYTES}), f"the limit for noop@1 is {MAX_INPUT_BYTES:,} bytes"),
         (JobSpec(kind="noop", delay_seconds=-0.001), "delay_seconds cannot be negative"),
         (JobSpec(kind="noop", version=42), "has no version 42"),
         (JobSpec(kind="unit.never-registered"), "unknown job kind"),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -102,11 +103,12 @@ def create_budget(
     target: str = "",
     tenant: str = "",
     timezone: str = "UTC",
-    currency: str = "EUR",
+    currency: str | None = None,
     pause_on_exhaust: bool = False,
     **limits: Any,
 ) -> Budget:
-    """Create a budget. Limits are whole numbers (money in minor units); None means no limit."""
+    """Create a budget. Limits are whole numbers (money in minor units of KOALA_COST_CURRENCY, the
+    budget's currency); None means no limit. ``currency``, when given, must be that currency."""
     if not name.strip():
         raise SafetyError("a budget needs a name.")
     targets.check_scope(scope, target)
@@ -116,8 +118,14 @@ def create_budget(
         zoneinfo.ZoneInfo(zone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a path
         raise SafetyError(f"unknown time zone {zone!r} (use an IANA name such as Europe/Paris).") from None
-    if len(currency) != 3 or not currency.isalpha():
-        raise SafetyError(f"currency must be a 3-letter code, not {currency!r}.")
+    cost_currency = settings.KOALA_COST_CURRENCY
+    if currency is not None and currency.strip().upper() != cost_currency:
+        # Costs are priced and reserved in the cost currency and no exchange rate exists: a limit
+        # in another currency would be compared with amounts it is not in.
+        raise SafetyError(
+            f"budgets are in KOALA_COST_CURRENCY ({cost_currency}), the currency every cost is priced in; "
+            f"Koala converts nothing, so a budget in {currency[:10]!r} cannot be kept. Give the limits in {cost_currency}."
+        )
     clean = _check_limits(limits)
     with transaction.atomic():
         # The unique name decides, not a look first: two people creating the same budget at
@@ -130,7 +138,6 @@ def create_budget(
                     target=target,
                     tenant=tenant,
                     timezone=zone,
-                    currency=currency.upper(),
                     pause_on_exhaust=pause_on_exhaust,
                     created_by=actor,
                     **clean,

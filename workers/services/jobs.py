@@ -22,7 +22,6 @@ from workers import doorbell, hooks, kinds, sql, targets, transitions
 from workers.errors import EnqueueError, JobStateError
 from workers.models import DONE_OPERATION_STATES, Attempt, Job, JobState, Operation, Outcome, operation_key_base
 
-MAX_INPUT_BYTES = 16_384  # messages describe the work; customer data stays in the database
 MAX_DELAY_SECONDS = 10 * 366 * 86_400.0  # ten years: anything later is a mistake, not a schedule
 _TEXT_LIMITS = {name: column_length(Job, name) for name in ("idempotency_key", "correlation_id", "created_by")}
 
@@ -72,20 +71,28 @@ def _validated(spec: JobSpec, *, created_by: str = "") -> tuple[kinds.JobKind, s
             f"input.tenant names the job's tenant for budgets and pauses: a string (or null), not {type(tenant).__name__}."
         )
     try:
-        # allow_nan=False: NaN and Infinity are not JSON and jsonb refuses them.
-        encoded = json.dumps(spec.input, sort_keys=True, allow_nan=False)
+        # allow_nan=False: NaN and Infinity are not JSON and jsonb refuses them. The input's size is
+        # this text in UTF-8, as compact JSON without \u escapes (ensure_ascii would make a CJK
+        # character 6 bytes instead of its 3, and a prompt of the length its kind advertises fail).
+        encoded = json.dumps(spec.input, sort_keys=True, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         culprit = json_problem(spec.input, path="input") or exc
         raise EnqueueError(f"input for {kind.key} is not storable JSON: {culprit}.") from None
-    # ensure_ascii writes NUL as \u0000 and any surrogate as \udXXX: only then walk the input
-    # to find the culprit (a valid pair, an emoji, also shows as \udXXX and passes the walk).
-    if "\\u0000" in encoded or "\\ud" in encoded:
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: not UTF-8, PostgreSQL cannot store it
+        size = None
+    # JSON writes NUL as \u0000, and a lone surrogate cannot be encoded: only then walk the input
+    # to find the culprit.
+    if size is None or "\\u0000" in encoded:
         unstorable = json_problem(spec.input, path="input")
-        if unstorable:
-            raise EnqueueError(f"input for {kind.key} cannot be stored: {unstorable}.")
-    if len(encoded) > MAX_INPUT_BYTES:
+        if unstorable or size is None:
+            raise EnqueueError(f"input for {kind.key} cannot be stored: {unstorable or 'it is not valid UTF-8'}.")
+    assert size is not None
+    if size > kind.max_input_bytes:
         raise EnqueueError(
-            f"input for {kind.key} is {len(encoded)} bytes; the limit is {MAX_INPUT_BYTES}. Pass references (ids), not data."
+            f"input for {kind.key} is {size:,} bytes of JSON (UTF-8); the limit for {kind.key} is "
+            f"{kind.max_input_bytes:,} bytes. Pass references (ids), not data."
         )
     key = spec.idempotency_key
     if key is not None and (not key.strip() or len(key) > _TEXT_LIMITS["idempotency_key"]):

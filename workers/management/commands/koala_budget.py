@@ -56,7 +56,12 @@ class Command(BaseCommand):
                 )
                 cmd.add_argument("--tenant", type=tenant_name, default="")
                 cmd.add_argument("--timezone", type=cli.time_zone, default="UTC")
-                cmd.add_argument("--currency", type=cli.field_text(Budget, "currency"), default="EUR")
+                cmd.add_argument(
+                    "--currency",
+                    type=cli.text(3),
+                    default=None,
+                    help="the budget's currency: only KOALA_COST_CURRENCY, the one costs are priced in (the default)",
+                )
             for field, flag in _LIMIT_OPTIONS.items():
                 cmd.add_argument(flag, dest=field, type=_limit(field), default=argparse_unset, help=f"{field} (none = no limit)")
             cmd.add_argument("--pause-on-exhaust", action="store_true", default=None)

@@ -5,10 +5,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from koala import cli
+from workers import kinds
 from workers.errors import EnqueueError
+from workers.kinds import MAX_INPUT_BYTES
 from workers.management.commands._common import add_actor_argument, cli_actor, queue_name, registered_kind
 from workers.models import Job
-from workers.services.jobs import MAX_DELAY_SECONDS, MAX_INPUT_BYTES, enqueue
+from workers.services.jobs import MAX_DELAY_SECONDS, enqueue
 
 
 class Command(BaseCommand):
@@ -18,8 +20,10 @@ class Command(BaseCommand):
         parser.add_argument("kind", type=registered_kind, help="registered job kind, e.g. noop")
         parser.add_argument(
             "--input",
-            # The service bounds the stored (canonical) form; this bounds what is parsed at all.
-            type=cli.json_object(4 * MAX_INPUT_BYTES),
+            # The service bounds the stored form by the kind's limit; this only bounds what is parsed
+            # at all, generously enough for any kind's (six characters, a \uXXXX escape, can write
+            # one byte), so the command refuses nothing the service would take.
+            type=cli.json_object(6 * max([MAX_INPUT_BYTES, *(kind.max_input_bytes for kind in kinds.served())])),
             default="{}",
             help="JSON object with the job's input (references, not data)",
         )
