@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from workers import sql
 from workers.errors import SafetyError
 from workers.models import Budget, ModelPrice
 from workers.services.budgets import BudgetExhausted, create_budget, period_for, price_tokens, update_budget
@@ -87,3 +88,9 @@ def test_a_malformed_limit_change_is_refused_before_the_budget_is_read() -> None
         update_budget(budget_id=1, actor="ops", speed=3)
     with pytest.raises(SafetyError, match="cannot be negative"):
         update_budget(budget_id=1, actor="ops", attempt_limit="-2")
+
+
+def test_the_raw_budget_rows_name_every_column_of_the_model() -> None:
+    """sql.APPLICABLE_BUDGETS names the model's columns: none left to load one by one, none extra."""
+    named = [column.strip().removeprefix("b.") for column in sql.BUDGET_COLUMNS.split(",")]
+    assert named == [field.column for field in Budget._meta.concrete_fields]
