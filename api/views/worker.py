@@ -281,6 +281,8 @@ def begin_operation(request: HttpRequest, principal: Principal, data: dict[str, 
         "currency": http.text(data, "currency", required=False, max_length=3),
         "target": http.text(data, "target", required=False, max_length=200),
     }
+    if options["currency"] and not re.fullmatch(r"[A-Z]{3}", options["currency"]):
+        raise invalid("currency", "must be a 3-letter code in capitals (ISO 4217), or absent for KOALA_COST_CURRENCY")
     if data.get("amount_minor") is not None:
         options["amount_minor"] = http.integer(data, "amount_minor", minimum=0, maximum=10**15)
     key = http.text(data, "key", required=False, max_length=300)

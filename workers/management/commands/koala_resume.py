@@ -25,7 +25,12 @@ class Command(BaseCommand):
         where.add_argument("--queue", type=cli.field_text(Pause, "target"))
         where.add_argument("--kind", type=cli.field_text(Pause, "target"))
         # Any name a pause may hold; "not paused" otherwise. Empty: the pause of every tenant.
-        parser.add_argument("--tenant", type=cli.field_text(Pause, "tenant", allow_empty=True), default="")
+        parser.add_argument(
+            "--tenant",
+            type=cli.field_text(Pause, "tenant", allow_empty=True),
+            default="",
+            help="with a scope: the pause of this tenant (default: the pause of every tenant)",
+        )
         # The audit row keeps at most this much of the note; longer is refused, not cut.
         parser.add_argument("--note", type=cli.text(500, allow_empty=True), default="", help="why it is safe to resume (audited)")
         add_actor_argument(parser, "resumes")
