@@ -409,8 +409,7 @@ def _shapes_body(ctx: JobContext, data: dict[str, Any]) -> Any:
     operation's params, target, result, response and usage, its own result or error), then ends
     as ``data["ending"]`` says: ``succeed``, ``fail`` (an error of that shape), ``attention``
     (an operation whose outcome no lookup can settle) or ``review`` (a critical operation)."""
-    from workers.errors import OutcomeUnknown
-    from workers.ledger import OperationResult
+    from workers import OperationResult, OutcomeUnknown
 
     secret, ending = data["secret"], data.get("ending", "succeed")
     value = odd_shape(data["shape"], secret)

@@ -142,7 +142,8 @@ def job_kind(name: str, *, version: int = 1, **policy: Unpack[KindPolicy]) -> Ca
     ``max_attempts``, ``timeout_seconds`` (one attempt), ``deadline_seconds`` (from enqueue),
     ``backoff_base`` / ``backoff_cap`` (full-jitter retry delay), ``sensitive_fields`` (masked
     everywhere, docs/redaction.md), ``required_fields``, ``validate`` (raises ValueError or
-    TypeError on bad input, at enqueue), ``critical`` (operation name → ``"always"``,
+    TypeError on bad input, at enqueue), ``max_input_bytes`` (the most the input may hold, in UTF-8
+    bytes of its JSON; 16 KiB by default), ``critical`` (operation name → ``"always"``,
     ``{"above_minor": N}`` or a callable: needs a reviewer's approval) and ``retry_instead``.
     A policy the engine cannot honour raises ValueError here, at import.
     """

@@ -149,6 +149,7 @@ class KindPolicy(TypedDict, total=False):
     sensitive_fields: Collection[str]
     required_fields: Collection[str]
     validate: InputValidator | None
+    max_input_bytes: int
     critical: Mapping[str, CriticalRule]
     retry_instead: str
 
