@@ -26,6 +26,7 @@ from workers.models import Job, Operation
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.slow  # about 125 pages of large records, four logins: 20-25 s on the shared 2-core machine
 def test_every_page_showing_odd_records_answers_and_masks_them(role_users: dict[str, User], redis_clean: None) -> None:
     secrets = planted()
     seeded = seed_odd_shapes(secret=secrets.declared, note=secrets.free_text())
