@@ -30,8 +30,7 @@ from django.conf import settings
 
 from tests.conftest import REPO, database_url_for_subprocess, wait_for
 from tests.support.api_server import ApiServer
-from tests.support.doc_commands import Block, blocks, session
-from tests.support.sdk import NODE_WORKER
+from tests.support.doc_commands import Block, blocks, example_documents, session
 from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState, Span
 
 # transaction=True: the server, scripts/manage and the worker are other processes and must see the rows.
@@ -39,7 +38,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 DOCUMENTED_URL = "http://127.0.0.1:8000"
 SDK_README = REPO / "sdk" / "python" / "README.md"
-NODE_README = NODE_WORKER.parent / "README.md"
 PYTHON_WORKER = REPO / "examples" / "python-worker" / "worker.py"
 
 
@@ -114,8 +112,47 @@ def served(ids: list[int], proc: subprocess.Popen[bytes], log: Path) -> list[Job
     return [Job.objects.get(pk=job_id) for job_id in ids]
 
 
-def run_session(readme: Path, api_server: ApiServer, tmp_path: Path, check: Callable[[list[Job], Path], None]) -> tuple[str, str]:
-    """The README's session: worker, then enqueue, then look. What enqueue and look printed."""
+def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+    # The README shows the example in full.
+    shown = [b for b in blocks(SDK_README) if b.language == "python"]
+    assert ["\n".join(b.lines) + "\n" for b in shown] == [PYTHON_WORKER.read_text()]
+    invoice, echo = jobs
+    assert (invoice.kind, invoice.state, invoice.attempts) == ("http.invoice", JobState.SUCCEEDED, 1), invoice.error_message
+    written = data_dir / "invoices" / "invoice-2231:write.json"
+    assert json.loads(written.read_text()) == {"invoice": "2231", "amount_minor": 1200, "currency": "EUR"}
+    assert invoice.result == {"sent": True, "file": str(written)}
+    assert invoice.run_state == {"invoice_file": str(written)}
+    [op] = Operation.objects.filter(job=invoice)
+    assert (op.name, op.key, op.state) == ("write", "invoice-2231:write", OperationState.SUCCEEDED)
+    assert op.external_id == written.name
+    assert Span.objects.filter(job=invoice, name="invoice.write").count() == 1
+    assert (echo.kind, echo.state, echo.result) == ("http.echo", JobState.SUCCEEDED, {"echo": {"hello": "python"}})
+    assert [p.name for p in written.parent.iterdir()] == [written.name], "one invoice, no partial file left"
+    [row] = [line for line in listing.splitlines() if "http.invoice" in line]
+    assert "succeeded" in row and " 1/5 " in row, listing
+
+
+def check_node_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+    [echo] = jobs
+    assert (echo.kind, echo.state, echo.attempts) == ("http.echo", JobState.SUCCEEDED, 1), echo.error_message
+    assert echo.result == {"echo": {"hello": "node", "delay_ms": 500}}
+    [row] = [line for line in listing.splitlines() if "http.echo" in line]
+    assert "succeeded" in row, listing
+
+
+# Each example README, and what its session must have done.
+CHECKS: dict[str, Callable[[list[Job], Path, str], None]] = {
+    "sdk/python/README.md": check_python_sdk_example,
+    "examples/node-worker/README.md": check_node_example,
+}
+
+
+@pytest.mark.parametrize("readme", example_documents(), ids=lambda path: str(path.relative_to(REPO)))
+def test_the_example_worker_serves_the_jobs_its_readme_enqueues(readme: Path, api_server: ApiServer, tmp_path: Path) -> None:
+    check = CHECKS.get(str(readme.relative_to(REPO)))
+    assert check is not None, f"{readme.relative_to(REPO)}: say here what its session must do"
+    if check is check_node_example and shutil.which("node") is None:
+        pytest.skip("node is not installed")
     worker, enqueue, look = session(readme)
     env = reader_env(tmp_path / "data")
     log = tmp_path / "worker.log"
@@ -124,43 +161,6 @@ def run_session(readme: Path, api_server: ApiServer, tmp_path: Path, check: Call
         ids = [int(line) for line in printed.split()]
         assert ids, printed
         jobs = served(ids, proc, log)
-        check(jobs, tmp_path / "data")
         listing = typed(look, env, api_server.url)
+        check(jobs, tmp_path / "data", listing)
         stop(proc, log)
-    return printed, listing
-
-
-def test_the_python_sdk_example_serves_the_jobs_its_readme_enqueues(api_server: ApiServer, tmp_path: Path) -> None:
-    # The README shows the example in full.
-    shown = [b for b in blocks(SDK_README) if b.language == "python"]
-    assert ["\n".join(b.lines) + "\n" for b in shown] == [PYTHON_WORKER.read_text()]
-
-    def check(jobs: list[Job], data_dir: Path) -> None:
-        invoice, echo = jobs
-        assert (invoice.kind, invoice.state, invoice.attempts) == ("http.invoice", JobState.SUCCEEDED, 1), invoice.error_message
-        written = data_dir / "invoices" / "invoice-2231:write.json"
-        assert json.loads(written.read_text()) == {"invoice": "2231", "amount_minor": 1200, "currency": "EUR"}
-        assert invoice.result == {"sent": True, "file": str(written)}
-        assert invoice.run_state == {"invoice_file": str(written)}
-        [op] = Operation.objects.filter(job=invoice)
-        assert (op.name, op.key, op.state) == ("write", "invoice-2231:write", OperationState.SUCCEEDED)
-        assert op.external_id == written.name
-        assert Span.objects.filter(job=invoice, name="invoice.write").count() == 1
-        assert (echo.kind, echo.state, echo.result) == ("http.echo", JobState.SUCCEEDED, {"echo": {"hello": "python"}})
-        assert [p.name for p in written.parent.iterdir()] == [written.name], "one invoice, no partial file left"
-
-    _, listing = run_session(SDK_README, api_server, tmp_path, check)
-    [row] = [line for line in listing.splitlines() if "http.invoice" in line]
-    assert "succeeded" in row and " 1/5 " in row, listing
-
-
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_the_node_example_serves_the_job_its_readme_enqueues(api_server: ApiServer, tmp_path: Path) -> None:
-    def check(jobs: list[Job], data_dir: Path) -> None:
-        [echo] = jobs
-        assert (echo.kind, echo.state, echo.attempts) == ("http.echo", JobState.SUCCEEDED, 1), echo.error_message
-        assert echo.result == {"echo": {"hello": "node", "delay_ms": 500}}
-
-    _, listing = run_session(NODE_README, api_server, tmp_path, check)
-    [row] = [line for line in listing.splitlines() if "http.echo" in line]
-    assert "succeeded" in row, listing
