@@ -116,3 +116,30 @@ def test_the_readmes_screenshots_exist_and_are_taken_by_the_browser_tests() -> N
     assert sorted(shown) == sorted(p.stem for p in (REPO / "docs" / "screenshots").glob("*.png"))
     taken = set(re.findall(r'\.shot\("([\w-]+)"\)', (REPO / "tests" / "browser" / "test_console_browser.py").read_text()))
     assert set(shown) <= taken, set(shown) - taken
+
+
+# -- the README's first screen --------------------------------------------------------------------
+
+README = REPO / "README.md"
+
+
+def test_the_readme_opens_with_the_two_commands_that_work_on_a_fresh_clone() -> None:
+    first = blocks(README)[0]
+    assert first.line == 3, "the commands come first, right under the title"
+    commands = [line.split("#")[0].strip() for line in first.lines]
+    assert commands == ["make run", "make test"], first.lines
+    targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), flags=re.M))
+    assert {"run", "test", "unit"} <= targets
+    opening = README.read_text().split("\n## ", 1)[0]
+    assert "Koala runs background jobs" in opening and "`make unit`" in opening
+
+
+def test_the_readme_indexes_every_document_with_one_line_each() -> None:
+    text = README.read_text()
+    index = text[text.index("\n## Documentation\n") :]
+    index = index[: index.index("\n## ", 1)]
+    lines = [line for line in index.splitlines() if line.startswith("- [docs/")]
+    listed = [re.match(r"- \[docs/([\w-]+\.md)\]\(docs/\1\): \S", line) for line in lines]
+    assert all(listed), [line for line, m in zip(lines, listed, strict=True) if not m]
+    names = [m[1] for m in listed if m]
+    assert sorted(names) == sorted(p.name for p in (REPO / "docs").glob("*.md")), "every docs/*.md, once, in the README's index"
