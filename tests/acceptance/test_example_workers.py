@@ -1,7 +1,7 @@
 """The example workers run as their READMEs say, against a live server.
 
 sdk/python/README.md ("A worker") and examples/node-worker/README.md ("Run it") each show a session
-beside ``make run`` in ``sh`` blocks (tests/support/doc_commands.py, ``session``): the first makes a
+beside ``make run`` in ``sh`` blocks (tests/support/doc_commands.py, ``example_session``): the first makes a
 worker key and starts the worker, which runs until it is stopped; the next ones are typed in a
 second terminal, in order: enqueue, then look. ``make run`` is stood in for by the API server
 (uvicorn serving koala.asgi on the test database: tests/support/api_server.py), whose URL replaces
@@ -30,7 +30,7 @@ from django.conf import settings
 
 from tests.conftest import REPO, database_url_for_subprocess, wait_for
 from tests.support.api_server import ApiServer
-from tests.support.doc_commands import Block, blocks, example_documents, session
+from tests.support.doc_commands import Block, blocks, example_documents, example_session
 from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState, Span
 
 # transaction=True: the server, scripts/manage and the worker are other processes and must see the rows.
@@ -153,7 +153,7 @@ def test_the_example_worker_serves_the_jobs_its_readme_enqueues(readme: Path, ap
     assert check is not None, f"{readme.relative_to(REPO)}: say here what its session must do"
     if check is check_node_example and shutil.which("node") is None:
         pytest.skip("node is not installed")
-    worker, enqueue, look = session(readme)
+    worker, enqueue, look = example_session(readme)
     env = reader_env(tmp_path / "data")
     log = tmp_path / "worker.log"
     with worker_started(worker, env, api_server.url, log) as proc:

@@ -101,7 +101,7 @@ def example_documents() -> list[Path]:
     return [REPO / "sdk" / "python" / "README.md", *sorted((REPO / "examples").glob("*/README.md"))]
 
 
-def session(path: Path) -> list[Block]:
+def example_session(path: Path) -> list[Block]:
     """An example README's runnable shell blocks, in order: the worker's, then the second terminal's."""
     return [b for b in blocks(path) if b.runs]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.support.doc_commands import MARKER, REPO, all_blocks, blocks, example_documents, session, steps
+from tests.support.doc_commands import MARKER, REPO, all_blocks, blocks, example_documents, example_session, steps
 from tests.support.doc_python import module_file, python_blocks, python_documents, relative, source
 
 # The blocks not run against the demo, each with its reason in the document. Keep it short.
@@ -70,7 +70,7 @@ def test_a_python_block_is_session_code_or_a_module_its_first_line_names(tmp_pat
 def test_every_example_readme_is_a_session_the_example_test_runs() -> None:
     runner = EXAMPLE_RUNNER.read_text()
     for readme in example_documents():
-        worker, *beside = session(readme)
+        worker, *beside = example_session(readme)
         assert beside, f"{relative(readme)}: a block that starts the worker, then what a second terminal types"
         assert any("worker" in line for line in worker.lines), worker.lines
         assert f'"{relative(readme)}"' in runner, f"{EXAMPLE_RUNNER.relative_to(REPO)} does not run {relative(readme)}"
