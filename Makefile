@@ -31,7 +31,7 @@ bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
 	@scripts/bootstrap
 
 # --role run: commands beside it (make manage, scripts/manage) join its database and Redis db.
-run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a worker + the scheduler
+run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a worker + the beat (dispatcher, reaper)
 	$(PY) -m devtools.embedded --role run -- $(PY) manage.py koala_run $(RUN_ARGS)
 
 manage: bootstrap ## A management command beside make run: its database, Redis db, dev settings (ARGS="koala_jobs")

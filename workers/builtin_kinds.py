@@ -1,6 +1,7 @@
 """Kinds that ship with the engine: a no-op, a Redis INCR (the benchmark body), a
-cooperative sleep and a flaky demo. The side-effect kinds (email, orders, charges,
-model calls, CSV exports) arrive with the operations ledger."""
+cooperative sleep, a flaky demo, and the two remote kinds the example HTTP workers serve.
+The side-effect kinds (email, orders, charges, model calls) are in effects/kinds.py, the CSV
+export in exports/jobs.py."""
 
 from __future__ import annotations
 
@@ -68,6 +69,19 @@ def flaky(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     return {"succeeded_on_attempt": ctx.attempt}
 
 
-# A kind whose bodies run in workers over HTTP (docs/worker-api.md): Koala holds its contract;
-# the examples (sdk/python, examples/node-worker) and the curl walk-through serve it.
+# Kinds whose bodies run in workers over HTTP (docs/worker-api.md): Koala holds each one's contract
+# (queue, retries, time limits, required input), the body lives in the worker; an RQ worker never
+# claims them. Declared here, in a module every default KOALA_JOB_KIND_MODULES lists, so that the
+# example workers run against `make run` as their READMEs say: http.echo is served by
+# examples/node-worker, the Python SDK's example (examples/python-worker) and docs/worker-api.md's
+# curl walk-through; http.invoice (write an invoice once, through the operations ledger) by the
+# Python example.
 remote_kind("http.echo", version=1, queue="default", max_attempts=3, timeout_seconds=60.0)
+remote_kind(
+    "http.invoice",
+    version=1,
+    queue="default",
+    max_attempts=5,
+    timeout_seconds=60.0,
+    required_fields={"invoice", "amount_minor", "currency"},
+)

@@ -4,7 +4,10 @@
 // stop, which answers its open acquire at once (nothing more is handed out), lets running bodies
 // finish until the deadline, and calls stop again, which records its exit.
 //
-//   KOALA_URL=http://127.0.0.1:8000 KOALA_API_KEY=kk_... KOALA_KINDS=echo@1 node worker.mjs
+//   KOALA_URL=http://127.0.0.1:8000 KOALA_API_KEY=kk_... KOALA_KINDS=http.echo@1 node worker.mjs
+//
+// Each kind served must be one Koala knows (declared on the server with remote_kind, in a module
+// listed in KOALA_JOB_KIND_MODULES): the default, http.echo@1, is declared in workers/builtin_kinds.py.
 //
 // The body: output {"echo": input}. If the input has a number "delay_ms", the body first waits
 // that long (heartbeating meanwhile), so a long step, a cancel or a shutdown can be watched.
@@ -15,7 +18,7 @@ import os from "node:os";
 
 const BASE = (process.env.KOALA_URL || "http://127.0.0.1:8000").replace(/\/+$/, "");
 const KEY = process.env.KOALA_API_KEY || "";
-const KINDS = (process.env.KOALA_KINDS || "echo@1").split(",").map((s) => s.trim()).filter(Boolean).map((spec) => {
+const KINDS = (process.env.KOALA_KINDS || "http.echo@1").split(",").map((s) => s.trim()).filter(Boolean).map((spec) => {
   const [name, version] = spec.split("@");
   return { name, version: Number(version || 1), steps: [] };
 });

@@ -1,4 +1,5 @@
-"""The shell commands of README.md and docs/*.md, as a reader would copy them.
+"""The shell commands of README.md and docs/*.md (and of the example workers' READMEs), as a reader
+would copy them.
 
 A fenced block labelled ``sh`` or ``bash`` is run (tests/acceptance/test_demo_doc_commands.py), unless its
 first line is the marker ``# doc-test: not run: <why>`` (the reason is required, and the list
@@ -89,7 +90,20 @@ def _pattern(line: str) -> re.Pattern[str]:
 
 
 def documents() -> list[Path]:
+    """The documents whose shell blocks run against the demo (tests/acceptance/test_demo_doc_commands.py)."""
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def example_documents() -> list[Path]:
+    """The example workers' READMEs: their shell blocks are a session beside ``make run`` (the first
+    starts the worker, the others run in a second terminal), run against a live server by
+    tests/acceptance/test_example_workers.py."""
+    return [REPO / "sdk" / "python" / "README.md", *sorted((REPO / "examples").glob("*/README.md"))]
+
+
+def example_session(path: Path) -> list[Block]:
+    """An example README's runnable shell blocks, in order: the worker's, then the second terminal's."""
+    return [b for b in blocks(path) if b.runs]
 
 
 def blocks(path: Path) -> list[Block]:

@@ -1,9 +1,10 @@
-"""Run the whole local demo: migrate, seed, then web server + one worker + the scheduler.
+"""Run the whole local demo: migrate, seed, then web server + one worker + the beat.
 
     manage.py koala_run [--host 127.0.0.1] [--port 8000] [--no-demo]
 
 `make run` calls this through devtools.embedded, so it works with nothing but Python. The
-web server, worker and scheduler run as child processes (same environment, each in its
+web server, worker and beat (koala_beat: dispatcher, reaper and the safety layer's periodic
+work; not a cron scheduler) run as child processes (same environment, each in its
 own process group) with their output prefixed. Ctrl-C or SIGTERM sends SIGTERM to every
 child once, waits for them (the worker finishes or hands back its jobs), kills what is
 left after the grace period and exits 0; a second signal kills them at once. If a child
@@ -333,7 +334,9 @@ class Supervisor:
             for child in self.children:
                 assert child.output is not None
                 selector.register(child.output, selectors.EVENT_READ, child)
-            self.say(f"web, worker and beat started; admin at http://{address}/admin/ - Ctrl-C stops everything")
+            self.say(
+                f"web, worker and beat (dispatcher, reaper) started; admin at http://{address}/admin/ - Ctrl-C stops everything"
+            )
             started = time.monotonic()
             while True:
                 self.pump(selector, 0.2)

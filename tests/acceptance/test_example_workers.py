@@ -1,0 +1,166 @@
+"""The example workers run as their READMEs say, against a live server.
+
+sdk/python/README.md ("A worker") and examples/node-worker/README.md ("Run it") each show a session
+beside ``make run`` in ``sh`` blocks (tests/support/doc_commands.py, ``example_session``): the first makes a
+worker key and starts the worker, which runs until it is stopped; the next ones are typed in a
+second terminal, in order: enqueue, then look. ``make run`` is stood in for by the API server
+(uvicorn serving koala.asgi on the test database: tests/support/api_server.py), whose URL replaces
+the documents' ``http://127.0.0.1:8000``. Every block runs in bash from the checkout as written,
+``scripts/manage`` included, with only the test database's ``DATABASE_URL``/``REDIS_URL`` (which
+scripts/manage uses, as beside ``make run``) and a ``KOALA_DATA_DIR`` of the test's own added to
+the environment. The jobs the second terminal enqueues must be served by that worker, with the
+results the README describes, and the worker must stop cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+
+from tests.conftest import REPO, database_url_for_subprocess, wait_for
+from tests.support.api_server import ApiServer
+from tests.support.doc_commands import Block, blocks, example_documents, example_session
+from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState, Span
+
+# transaction=True: the server, scripts/manage and the worker are other processes and must see the rows.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+DOCUMENTED_URL = "http://127.0.0.1:8000"
+SDK_README = REPO / "sdk" / "python" / "README.md"
+PYTHON_WORKER = REPO / "examples" / "python-worker" / "worker.py"
+
+
+def reader_env(data_dir: Path) -> dict[str, str]:
+    """A reader's shell beside ``make run``: nothing of Koala's configured but where the data is."""
+    unset = ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY", "KOALA_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(unset)}
+    return env | {
+        "DATABASE_URL": database_url_for_subprocess(),
+        "REDIS_URL": settings.REDIS_URL,
+        "KOALA_DATA_DIR": str(data_dir),
+        # python3 a Python >= 3.11 (the project's own), node whatever the machine has.
+        "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+    }
+
+
+def script(block: Block, url: str) -> str:
+    text = "\n".join(block.lines)
+    assert DOCUMENTED_URL in text or "KOALA_URL" not in text, text
+    return text.replace(DOCUMENTED_URL, url)
+
+
+def typed(block: Block, env: dict[str, str], url: str) -> str:
+    """A block typed in the second terminal: it must succeed; what it printed."""
+    done = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script(block, url)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, (block.where, done.stdout, done.stderr)
+    return done.stdout
+
+
+@contextmanager
+def worker_started(block: Block, env: dict[str, str], url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The first terminal: the block runs in bash until the worker it starts is stopped."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", "-c", script(block, url)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM to the worker (bash's child, or bash itself when it exec'd the last command), as a
+    supervisor or Ctrl-C sends it: the worker must exit 0, and bash with it."""
+    children = psutil.Process(proc.pid).children()
+    (children[0] if children else psutil.Process(proc.pid)).send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def served(ids: list[int], proc: subprocess.Popen[bytes], log: Path) -> list[Job]:
+    def ended() -> bool:
+        assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{log.read_text()}"
+        return Job.objects.filter(pk__in=ids, state__in=TERMINAL_STATES).count() == len(ids)
+
+    wait_for(ended, timeout=60, what=f"jobs {ids} to be served")
+    return [Job.objects.get(pk=job_id) for job_id in ids]
+
+
+def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+    # The README shows the example in full.
+    shown = [b for b in blocks(SDK_README) if b.language == "python"]
+    assert ["\n".join(b.lines) + "\n" for b in shown] == [PYTHON_WORKER.read_text()]
+    invoice, echo = jobs
+    assert (invoice.kind, invoice.state, invoice.attempts) == ("http.invoice", JobState.SUCCEEDED, 1), invoice.error_message
+    written = data_dir / "invoices" / "invoice-2231:write.json"
+    assert json.loads(written.read_text()) == {"invoice": "2231", "amount_minor": 1200, "currency": "EUR"}
+    assert invoice.result == {"sent": True, "file": str(written)}
+    assert invoice.run_state == {"invoice_file": str(written)}
+    [op] = Operation.objects.filter(job=invoice)
+    assert (op.name, op.key, op.state) == ("write", "invoice-2231:write", OperationState.SUCCEEDED)
+    assert op.external_id == written.name
+    assert Span.objects.filter(job=invoice, name="invoice.write").count() == 1
+    assert (echo.kind, echo.state, echo.result) == ("http.echo", JobState.SUCCEEDED, {"echo": {"hello": "python"}})
+    assert [p.name for p in written.parent.iterdir()] == [written.name], "one invoice, no partial file left"
+    [row] = [line for line in listing.splitlines() if "http.invoice" in line]
+    assert "succeeded" in row and " 1/5 " in row, listing
+
+
+def check_node_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+    [echo] = jobs
+    assert (echo.kind, echo.state, echo.attempts) == ("http.echo", JobState.SUCCEEDED, 1), echo.error_message
+    assert echo.result == {"echo": {"hello": "node", "delay_ms": 500}}
+    [row] = [line for line in listing.splitlines() if "http.echo" in line]
+    assert "succeeded" in row, listing
+
+
+# Each example README, and what its session must have done.
+CHECKS: dict[str, Callable[[list[Job], Path, str], None]] = {
+    "sdk/python/README.md": check_python_sdk_example,
+    "examples/node-worker/README.md": check_node_example,
+}
+
+
+@pytest.mark.parametrize("readme", example_documents(), ids=lambda path: str(path.relative_to(REPO)))
+def test_the_example_worker_serves_the_jobs_its_readme_enqueues(readme: Path, api_server: ApiServer, tmp_path: Path) -> None:
+    check = CHECKS.get(str(readme.relative_to(REPO)))
+    assert check is not None, f"{readme.relative_to(REPO)}: say here what its session must do"
+    if check is check_node_example and shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    worker, enqueue, look = example_session(readme)
+    env = reader_env(tmp_path / "data")
+    log = tmp_path / "worker.log"
+    with worker_started(worker, env, api_server.url, log) as proc:
+        printed = typed(enqueue, env, api_server.url)
+        ids = [int(line) for line in printed.split()]
+        assert ids, printed
+        jobs = served(ids, proc, log)
+        listing = typed(look, env, api_server.url)
+        check(jobs, tmp_path / "data", listing)
+        stop(proc, log)
