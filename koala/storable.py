@@ -52,6 +52,23 @@ def json_problem(value: Any, *, path: str = "$") -> str | None:
     return None
 
 
+def written_out(value: Any) -> Any:
+    """A copy of JSON-like ``value`` that PostgreSQL can store: a non-finite number becomes its name
+    (``"NaN"``, ``"Infinity"``), a NUL or a lone surrogate becomes U+FFFD. For what came from the
+    outside world and must be kept even so (a provider's answer to a call that has happened)."""
+    if isinstance(value, str):
+        if text_problem(value) is None:
+            return value
+        return "".join("\ufffd" if c == "\x00" or 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {written_out(key) if isinstance(key, str) else key: written_out(child) for key, child in value.items()}
+    if isinstance(value, list | tuple):
+        return [written_out(child) for child in value]
+    return value
+
+
 def column_length(model: type[models.Model], field: str) -> int:
     """The characters the text column ``model.field`` holds (its ``max_length``)."""
     length = getattr(model._meta.get_field(field), "max_length", None)

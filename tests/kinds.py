@@ -458,3 +458,34 @@ job_kind(
     sensitive_fields={"secret"},
     critical={"odd step": lambda params, amount: amount is not None and amount > 100_000},
 )(_shapes_body)
+
+
+# -- values PostgreSQL cannot store (tests/integration/test_unstorable_values.py) ------------------
+
+
+@job_kind("tests.unstorable", version=1, queue="default", max_attempts=3)
+def _unstorable(ctx: JobContext, data: dict[str, Any]) -> Any:
+    """Returns, sets or counts what jsonb refuses, as ``data["what"]`` says; or a provider answers it."""
+    from workers import OperationResult
+
+    what = data["what"]
+    if what == "nan_result":
+        return {"score": float("nan")}
+    if what == "nul_result":
+        return "before\x00after"
+    if what == "infinite_state":
+        ctx.set_state(ratio=float("inf"))
+        return {"ok": True}
+    if what == "infinite_usage":
+        ctx.add_usage(tokens=float("inf"), calls=1)
+        return {"ok": True}
+    if what == "provider_nan":
+        return ctx.operation(
+            "score",
+            kind="model_call",
+            params={"n": 1},
+            perform=lambda key: OperationResult(
+                external_id="s1", data={"score": float("nan"), "note": "a\x00b"}, usage={"input_tokens": float("nan")}
+            ),
+        )
+    raise ValueError(what)

@@ -27,15 +27,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from koala import redaction
+from koala import redaction, storable
 from workers import hooks, sql, transitions
 from workers.errors import (
     Declined,
@@ -490,6 +491,18 @@ class _Ledger:
     def _settle_success(
         self, op: Operation, outcome: OperationResult, *, state: str, resolution: str, own: bool
     ) -> dict[str, Any]:
+        # The call has happened: its answer is kept whatever it holds. What jsonb refuses (a NaN,
+        # a NUL: Python's json reads both from a provider) is written out, never left to fail the
+        # settlement after the effect; usage counts only its finite numbers.
+        outcome = replace(
+            outcome,
+            data=storable.written_out(outcome.data),
+            summary=storable.written_out(outcome.summary) if outcome.summary is not None else None,
+            usage={k: v for k, v in (outcome.usage or {}).items() if not (isinstance(v, float) and not math.isfinite(v))}
+            if outcome.usage is not None
+            else None,
+            external_id=storable.written_out(str(outcome.external_id)),
+        )
         cost = outcome.cost_minor
         if cost is None:
             cost = budgets.price_usage(outcome.usage)

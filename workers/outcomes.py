@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
 
-from koala import redaction
+from koala import redaction, storable
 from koala.redaction import Redactor
 from workers.errors import AttemptTimeout, Rejection, Retryable, StepFailure, TerminalFailure
 from workers.kinds import JobKind
@@ -279,6 +279,15 @@ def decide(
             # Only armed after a heartbeat was rejected (``rejected`` is then set): stale either way.
             return Discard(rejection=rejected)
         case Returned(value=value, state_delta=state_delta):
+            # What jsonb refuses (NaN, Infinity, a NUL) would make the end's write fail, and the
+            # job would be run again and again by worker after worker: a body's bug, said once.
+            unstorable = storable.json_problem(value, path="result") or storable.json_problem(state_delta, path="state_delta")
+            if unstorable:
+                return Fail(
+                    reason=FailureReason.FATAL,
+                    error_class="UnstorableResult",
+                    message=f"the body's {unstorable}: a result and a state delta are stored as JSON (no NaN, Infinity or NUL)",
+                )
             return Complete(result=value, state_delta=dict(state_delta))
         case Reconciling(detail=detail, delay_seconds=delay):
             return Release(outcome=Outcome.INTERRUPTED, message=redactor.text(detail), delay_seconds=delay)

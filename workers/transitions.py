@@ -29,6 +29,7 @@ dependants become due, a metric counts, in the same commit or not at all.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -199,8 +200,9 @@ def _execute(statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 def countable(usage: dict[str, Any] | None) -> dict[str, float]:
-    """The countable part of a usage: numbers only (a model's name is not summed)."""
-    return {k: v for k, v in (usage or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    """The countable part of a usage: finite numbers only (a model's name is not summed, and a NaN
+    or an infinity counted by mistake would make the sum unstorable)."""
+    return {k: v for k, v in (usage or {}).items() if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _transition(row: Sequence[Any], *, outcome: str | None, cause: str) -> Transition:
