@@ -18,6 +18,9 @@ import tests.kinds  # noqa: F401  (registers the test-only kinds in this process
 from tests.dburl import database_url
 from workers import doorbell
 
+# The slow and services markers, enforced (its hooks apply to every test of the session).
+pytest_plugins = ["tests.support.markers"]
+
 REPO = Path(__file__).resolve().parent.parent
 
 

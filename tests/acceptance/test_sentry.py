@@ -22,7 +22,7 @@ from tests.support.fleet import free_port, wait_state, wait_workers_ready
 from workers.models import Attempt, Job, Operation
 from workers.services.jobs import enqueue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # runserver and worker subprocesses
 
 
 @pytest.fixture
