@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from django.db import connection
 
 import tests.kinds  # noqa: F401  (registers the test-only kinds in this process)
 from tests.dburl import database_url
-from tests.parallel import RUN_REDIS_URL, longest_first, worker_redis_urls
+from tests.parallel import RUN_REDIS_URL, TURNS, longest_first, turn, worker_redis_urls
 from workers import doorbell
 
 # The slow and services markers, enforced (its hooks apply to every test of the session).
@@ -44,8 +46,24 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
         urls = worker_redis_urls(settings.REDIS_URL, workers=len(specs), reserved=int(reserved) if reserved else None)
     except ValueError as exc:
         raise pytest.UsageError(f"cannot give each xdist worker its own Redis database: {exc}") from None
+    turns = tempfile.mkdtemp(prefix="koala-test-turns-")  # removed when the run ends (pytest_unconfigure)
+    config.stash[_TURNS_FOLDER] = turns
     for spec, url in zip(specs, urls, strict=True):
-        spec.env |= {"REDIS_URL": url, RUN_REDIS_URL: settings.REDIS_URL}
+        spec.env |= {"REDIS_URL": url, RUN_REDIS_URL: settings.REDIS_URL, TURNS: turns}
+
+
+_TURNS_FOLDER = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _TURNS_FOLDER in config.stash:
+        shutil.rmtree(config.stash[_TURNS_FOLDER], ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: waiting for a turn is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    with turn(os.environ.get(TURNS), alone=item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 @pytest.fixture

@@ -11,10 +11,17 @@
   The run's own REDIS_URL stays in each worker's ``KOALA_TEST_RUN_REDIS_URL``.
   Under ``make test`` with the embedded services, devtools.embedded reserves one database per worker
   (``KOALA_EMBEDDED_REDIS_DBS``) so a ``make run`` beside it keeps its own.
+- **The machine**: a test marked ``alone`` (it asserts a wall-clock bound) runs while no other test
+  does (``turn``); the others wait for it, then go on.
+- **The order**: slow tests first (``longest_first``), so the long ones do not end the run late.
 """
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
@@ -109,3 +116,29 @@ def longest_first(items: list[pytest.Item]) -> None:
         return (group, 0 if slow else 1)
 
     items.sort(key=rank)  # stable: within a rank, the collection order
+
+
+# -- tests that must have the machine to themselves ---------------------------------------------
+TURNS = "KOALA_TEST_TURNS"  # in each worker: the run's folder of turn locks (set by the controller)
+
+
+@contextmanager
+def turn(folder: str | None, *, alone: bool) -> Iterator[None]:
+    """Hold a turn to run one test. Every test of a parallel run holds ``running`` shared; an
+    ``alone`` test (its assertion is a wall-clock bound on work this machine does) holds it
+    exclusively, so no other test runs beside it. ``gate`` keeps newcomers out while an alone
+    test waits for the running ones to finish (flock would let shared holders starve it).
+    Serially (``folder`` None) there is nobody to wait for."""
+    if folder is None:
+        yield
+        return
+    with open(Path(folder) / "gate", "a") as gate, open(Path(folder) / "running", "a") as running:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)  # the next alone test may close the gate behind this one
+        try:
+            yield
+        finally:
+            fcntl.flock(running, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)

@@ -606,6 +606,7 @@ def test_non_finite_environment_number_stops_startup(value: str) -> None:
     assert "Traceback" not in outcome.stderr
 
 
+@pytest.mark.alone  # each command must finish within run_in_process's 15 s, koala_demo included
 def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
     """The same harness on good input: the refusals above are not a command that refuses everything."""
     ok = [

@@ -1,13 +1,19 @@
-"""Each pytest-xdist worker's own Redis database (tests/parallel.py): the URL keeps its scheme,
-host and options and names REDIS_URL's database plus the worker's index; more workers than
-Redis has databases are refused before any worker starts."""
+"""How tests share the machine under pytest-xdist (tests/parallel.py). Each worker's own Redis
+database: the URL keeps its scheme, host and options and names REDIS_URL's database plus the
+worker's index; more workers than Redis has databases are refused before any worker starts.
+Turns: an ``alone`` test runs with no other test beside it."""
 
 from __future__ import annotations
+
+import fcntl
+import threading
+from pathlib import Path
 
 import pytest
 from redis.connection import parse_url
 
-from tests.parallel import REDIS_DATABASES, TooManyWorkers, worker_redis_urls
+from tests.conftest import wait_for
+from tests.parallel import REDIS_DATABASES, TooManyWorkers, turn, worker_redis_urls
 
 
 def test_each_worker_gets_the_next_database_of_the_same_server() -> None:
@@ -69,3 +75,49 @@ def test_a_launcher_reservation_bounds_the_workers() -> None:
 def test_a_url_that_names_no_usable_database_is_refused(url: str) -> None:
     with pytest.raises(ValueError):
         worker_redis_urls(url, workers=2)
+
+
+def _held(path: Path, mode: int) -> bool:
+    """Whether someone holds a lock on ``path`` that conflicts with ``mode`` (probed, never waited for)."""
+    with open(path, "a") as probe:
+        try:
+            fcntl.flock(probe, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return False
+
+
+def test_an_alone_test_waits_for_the_running_ones_and_keeps_newcomers_out(tmp_path: Path) -> None:
+    # Threads stand in for xdist workers: each open() is its own lock holder for flock.
+    log: list[str] = []
+    release_first = threading.Event()
+
+    def run(name: str, *, alone: bool, hold: threading.Event | None = None) -> None:
+        with turn(str(tmp_path), alone=alone):
+            log.append(f"{name} in")
+            if hold is not None:
+                hold.wait(10)
+            log.append(f"{name} out")
+
+    first = threading.Thread(target=run, args=("first",), kwargs={"alone": False, "hold": release_first})
+    first.start()
+    wait_for(lambda: log == ["first in"], what="the first test to run")
+    lonely = threading.Thread(target=run, args=("alone",), kwargs={"alone": True})
+    lonely.start()
+    wait_for(lambda: _held(tmp_path / "gate", fcntl.LOCK_SH), what="the alone test to close the gate")
+    newcomer = threading.Thread(target=run, args=("newcomer",), kwargs={"alone": False})
+    newcomer.start()
+    assert log == ["first in"]  # the alone test waits for the first; the newcomer waits at the gate
+    release_first.set()
+    for thread in (first, lonely, newcomer):
+        thread.join(10)
+    assert log == ["first in", "first out", "alone in", "alone out", "newcomer in", "newcomer out"]
+
+
+def test_tests_that_are_not_alone_run_side_by_side(tmp_path: Path) -> None:
+    with turn(str(tmp_path), alone=False), turn(str(tmp_path), alone=False):
+        assert _held(tmp_path / "running", fcntl.LOCK_EX) and not _held(tmp_path / "running", fcntl.LOCK_SH)
+    assert not _held(tmp_path / "running", fcntl.LOCK_EX) and not _held(tmp_path / "gate", fcntl.LOCK_EX)
+    with turn(None, alone=True):  # serially there is no folder and nobody to wait for
+        pass
