@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # at most 16 minus REDIS_URL's database number; TEST_WORKERS=0 runs the suite serially in one process.
 # --dist load --maxschedchunk 2: tests are handed out two at a time in tests/parallel.py's order
 # (slow ones first), so no worker is left with a queue of long tests while the others idle.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 4
 XDIST       := -n $(TEST_WORKERS) --dist load --maxschedchunk 2
 RUN_ARGS    ?=
 ARGS        ?=
@@ -31,7 +31,7 @@ help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: PYTEST_ARGS='-k name -x'  TEST_WORKERS=6 (0: serial)  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
+	@echo "Variables: PYTEST_ARGS='-k name -x'  TEST_WORKERS=4 (0: serial)  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
 	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
 
 bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
@@ -46,7 +46,7 @@ manage: bootstrap ## A management command beside make run: its database, Redis d
 
 # KOALA_EMBEDDED_REDIS_DBS: with the embedded services, one Redis database per worker is reserved,
 # so a `make run` beside the tests keeps a database of its own.
-test: bootstrap ## Run the whole suite, TEST_WORKERS (6) in parallel (PYTEST_ARGS=... passes options; TEST_WORKERS=0: serial)
+test: bootstrap ## Run the whole suite, TEST_WORKERS (4) in parallel (PYTEST_ARGS=... passes options; TEST_WORKERS=0: serial)
 	KOALA_EMBEDDED_REDIS_DBS=$(TEST_WORKERS) $(WITH_SERVICES) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: bootstrap ## Every test that starts no process (-m "not slow": the unit tier and most of integration), in parallel

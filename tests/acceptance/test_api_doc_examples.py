@@ -21,12 +21,7 @@ from tests.support.demo import demo_env
 from tests.support.doc_commands import MARKER, REPO, Block, Step, blocks, steps
 from workers.models import Job
 
-# services: the curl session is given DATABASE_URL/REDIS_URL of its own (database_url_for_subprocess).
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.services,
-    pytest.mark.django_db(transaction=True),
-]  # a live server and manage.py subprocesses
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # a live server and manage.py subprocesses
 
 DOC = REPO / "docs" / "worker-api.md"
 SECTION = "## Try it with curl"

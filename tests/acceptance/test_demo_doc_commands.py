@@ -26,8 +26,7 @@ from tests.support.doc_commands import REPO, Block, all_blocks, steps
 from tests.support.effects import PROVIDER_API_KEY
 from workers.services.operations import needing_attention
 
-# services: the documents' commands run in make run's environment (demo_env), given the URLs of their own.
-pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(transaction=True, reset_sequences=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, reset_sequences=True)]
 
 # `make manage ARGS="…"` as manage.py with those arguments; any other make target is not run here.
 PRELUDE = r"""

@@ -22,12 +22,7 @@ from tests.support.effects import PROVIDER_API_KEY
 from workers.models import Job, Operation
 from workers.services.operations import needing_attention, resolve_operation
 
-# services: koala_demo runs in make run's environment (demo_env), given the URLs of its own.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.services,
-    pytest.mark.django_db(transaction=True),
-]  # koala_demo subprocesses, ~7 s each
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # koala_demo subprocesses, ~7 s each
 
 ROLES = {
     "admin": ["superuser"],

@@ -24,8 +24,7 @@ from tests.conftest import REPO, database_url_for_subprocess
 from workers.models import Job, Operation
 
 # transaction=True: the commands and the worker run in subprocesses, which must see the rows.
-# services: the README's commands run in a fresh clone's environment, given the URLs of their own.
-pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TITLE = "## Your first job kind in five minutes"
 

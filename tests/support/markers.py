@@ -15,11 +15,12 @@
 ``services``: a test that depends on where PostgreSQL and Redis come from (the machine's
 services over TCP, or the embedded ones on unix sockets), run by CI's services-mode pass
 (.ci/run). A test module that builds its own way to them from the test database's settings
-(``tests.dburl``, ``connection.settings_dict``, a TCP proxy in front of them) or hands them to a
-subprocess in an environment of its own (``database_url_for_subprocess``, ``demo_env``) must mark
-every test ``services``, or the run stops at collection. A module can carry the mark for a reason
-no text shows (PostgreSQL's planner differs between the embedded and the machine's version);
-the rule only says which must.
+(``tests.dburl``, ``connection.settings_dict``, a TCP proxy in front of them) must mark every
+test ``services``, or its tests error at setup. Handing the URLs to a subprocess the way
+``worker_env()`` does (``database_url_for_subprocess``, ``demo_env``) is the same for every
+worker test and is not such a dependency. A module can carry the mark for a reason no text
+shows (the benchmarks open their own connections; PostgreSQL's planner differs between the
+embedded and the machine's version); the rule only says which must.
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ TESTS = Path(__file__).resolve().parent.parent
 SLOW_TIERS = ("acceptance", "browser")
 # Fixtures that start a process (or a live server) for the test that asks for them.
 SLOW_FIXTURES = frozenset({"processes", "stray_pids", "private_redis", "api_server", "live_server", "browser"})
-SERVICES_TEXT = re.compile(
-    r"tests\.dburl|tests\.fakes\.netproxy|FaultProxy|connection\.settings_dict|database_url_for_subprocess|demo_env(?=\()"
-)
+SERVICES_TEXT = re.compile(r"tests\.dburl|tests\.fakes\.netproxy|FaultProxy|connection\.settings_dict")
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "pty.spawn"})
 
 
