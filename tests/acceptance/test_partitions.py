@@ -30,7 +30,8 @@ from workers.services.jobs import enqueue
 from workers.services.maintenance import ReapReport, reap
 
 # transaction=True: real worker and beat subprocesses read and write these rows on their own connections.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# services: the proxy's upstream is PostgreSQL's TCP port or the embedded one's unix socket.
+pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 # Test workers run with a 3 s lease (tests/conftest.py), so the session bounds default to
 # statement 1 s, lock 0.5 s, idle in transaction 1 s. A partition of PARTITION seconds outlasts

@@ -3,6 +3,7 @@ explained in docs/configuration.md), and where the screenshots go."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -32,14 +33,20 @@ HOW_TO_INSTALL = (
 
 
 def _install_chromium() -> str | None:
-    """apt-get install chromium; returns why it could not, or None when it worked."""
+    """apt-get install chromium; returns why it could not, or None when it worked (or another
+    process installed it meanwhile: under pytest-xdist several workers may want it at once, and
+    two apt-gets would fail on dpkg's lock, so they take turns and the later ones find it there)."""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return "not root or no apt-get on this machine"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
-        if done.returncode != 0:
-            return f"`{' '.join(command)}` failed: {done.stderr.strip()[-500:]}"
+    with open("/tmp/koala-install-chromium.lock", "a") as lock:  # one lock for the whole machine
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if Path(CHROMIUM).exists():
+            return None
+        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+            if done.returncode != 0:
+                return f"`{' '.join(command)}` failed: {done.stderr.strip()[-500:]}"
     return None
 
 

@@ -592,6 +592,7 @@ def run_manage(args: list[str | bytes], *, timeout: float = 30.0, **env: str) ->
     return Outcome(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
 
 
+@pytest.mark.slow  # a manage.py subprocess
 @pytest.mark.parametrize(
     ("args", "names"),
     [
@@ -613,6 +614,7 @@ def test_through_manage_py(args: list[str | bytes], names: str, seeds: dict[str,
     assert "Operations to perform" not in outcome.stdout  # koala_run did not migrate
 
 
+@pytest.mark.slow  # a manage.py subprocess
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e999"])
 def test_non_finite_environment_number_stops_startup(value: str) -> None:
     outcome = run_manage(["check"], KOALA_LEASE_SECONDS=value)
@@ -621,6 +623,7 @@ def test_non_finite_environment_number_stops_startup(value: str) -> None:
     assert "Traceback" not in outcome.stderr
 
 
+@pytest.mark.alone  # each command must finish within run_in_process's 15 s, koala_demo included
 def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
     """The same harness on good input: the refusals above are not a command that refuses everything."""
     ok = [
@@ -673,6 +676,7 @@ def test_valid_invocations_still_work(seeds: dict[str, str]) -> None:
         assert outcome.code == 0 and not outcome.crash, f"{argv}: {outcome}"
 
 
+@pytest.mark.slow  # a manage.py subprocess
 @pytest.mark.parametrize(
     "args",
     [

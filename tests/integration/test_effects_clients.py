@@ -207,6 +207,7 @@ def test_slow_fault_measures_concurrency(provider: FakeProvider) -> None:
 
 
 # -- the provider as a process: shared by processes and kept across restarts --------------------
+@pytest.mark.slow  # the provider as a subprocess
 def test_provider_process_keeps_its_record_across_a_restart(tmp_path: Path, settings) -> None:
     state = tmp_path / "state.jsonl"
     port = free_port()
@@ -271,6 +272,7 @@ def test_email_errors_map_to_the_ledger_classes(smtp_sink: SmtpSink, settings) -
         email.send(key="e-4", to=["a@example.com"], subject="s", body="b")
 
 
+@pytest.mark.slow  # Django set up in a subprocess
 def test_bad_provider_url_stops_start_up(tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": "postgres://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0"}
     env["KOALA_PAYMENTS_URL"] = "ftp://provider.example"

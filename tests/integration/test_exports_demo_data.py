@@ -60,6 +60,7 @@ def test_generate_refuses_bad_sizes() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a throughput bound: other tests' CPU and PostgreSQL load would be measured too
 @pytest.mark.django_db(transaction=True)  # the command's own commit is part of the time measured
 def test_one_million_rows_in_well_under_a_minute() -> None:
     out = io.StringIO()

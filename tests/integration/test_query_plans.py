@@ -20,7 +20,8 @@ from django.db import connection
 from console.selectors.jobs import JobFilter, filtered_jobs
 from workers.services import budgets, leases, maintenance
 
-pytestmark = pytest.mark.django_db
+# services: plans are the planner's, and the embedded PostgreSQL (pgserver's 16) is not the machine's.
+pytestmark = [pytest.mark.services, pytest.mark.django_db]
 
 JOBS = 20_000
 KINDS = ["email.send", "model.complete", "incr", "shop.order_and_charge", "noop", "export.csv"]

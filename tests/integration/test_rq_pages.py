@@ -53,6 +53,7 @@ def _crawl_rq_pages(client: Client, start: str) -> dict[str, int]:
     return seen
 
 
+@pytest.mark.slow  # a koala_worker subprocess
 def test_every_django_rq_page_a_superuser_reaches_from_the_admin_answers_with_a_koala_worker_registered(
     processes,  # type: ignore[no-untyped-def]
 ) -> None:

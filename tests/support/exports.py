@@ -153,6 +153,11 @@ def row_count(data: bytes) -> int:
 
 
 def database_backends(application_name: str) -> list[int]:
+    """Backends of this test database with that application_name. pg_stat_activity is server-wide:
+    another xdist worker's database has exports with the same ids, hence the same names."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name])
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            [application_name],
+        )
         return [row[0] for row in cursor.fetchall()]

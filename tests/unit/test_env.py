@@ -59,6 +59,7 @@ def _manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_bad_setting_stops_startup_with_a_message_naming_it() -> None:
     result = _manage("check", KOALA_LEASE_SECONDS="thirty", SECRET_KEY="k" * 60)
     assert result.returncode == 2
@@ -66,27 +67,32 @@ def test_bad_setting_stops_startup_with_a_message_naming_it() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_heartbeat_must_be_shorter_than_lease() -> None:
     result = _manage("check", KOALA_LEASE_SECONDS="5", KOALA_HEARTBEAT_SECONDS="10", SECRET_KEY="k" * 60)
     assert result.returncode == 2 and "KOALA_HEARTBEAT_SECONDS" in result.stderr
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_invalid_redaction_pattern_stops_startup() -> None:
     result = _manage("check", KOALA_REDACT_EXTRA_PATTERNS="acct-[0-9", SECRET_KEY="k" * 60)
     assert result.returncode == 2 and "KOALA_REDACT_EXTRA_PATTERNS has an invalid regex" in result.stderr
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_missing_database_url_is_explained() -> None:
     environment_without_db = {"DATABASE_URL": "", "SECRET_KEY": "k" * 60}
     result = _manage("check", **environment_without_db)
     assert result.returncode == 2 and "DATABASE_URL is not set" in result.stderr
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_non_postgres_database_is_refused() -> None:
     result = _manage("check", DATABASE_URL="sqlite:///tmp/x.db", SECRET_KEY="k" * 60)
     assert result.returncode == 2 and "must be a postgres:// URL" in result.stderr
 
 
+@pytest.mark.slow  # a manage.py subprocess
 def test_weak_secret_key_fails_the_system_check_outside_debug() -> None:
     result = _manage("check")
     assert result.returncode != 0 and "koala.E001" in result.stderr

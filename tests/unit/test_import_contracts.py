@@ -26,6 +26,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow  # lint-imports in a subprocess
 def test_the_import_contracts_hold() -> None:
     result = lint_imports(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -48,6 +49,7 @@ def copy_of_the_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # lint-imports in a subprocess, on a copy of the code
 @pytest.mark.parametrize(
     ("module", "added", "complaint"),
     [

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 KOALA_COMMANDS = sorted(
     path.stem for path in REPO.glob("*/management/commands/koala_*.py") if path.parent.parent.parent.parent == REPO
 )
+pytestmark = pytest.mark.slow  # every test runs manage.py in a subprocess
 
 
 def manage_without_services(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +33,6 @@ def test_help_lists_koala_commands_without_services(args: list[str]) -> None:
     assert "configuration error" not in result.stderr
 
 
-@pytest.mark.slow  # about 30 manage.py start-ups
 def test_every_koala_command_has_help_without_services() -> None:
     assert len(KOALA_COMMANDS) >= 15, KOALA_COMMANDS
     for command in KOALA_COMMANDS:
