@@ -25,7 +25,8 @@ from workers.models import JobState, Operation, Outcome
 from workers.services.jobs import enqueue
 
 # transaction=True: the API servers and the beat read and write these rows on their own connections.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# services: the API server's PostgreSQL traffic goes through a TCP proxy built from the connection settings.
+pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ from tests.dburl import database_url
 from tests.support.fleet import free_port
 from tests.support.units import ALL_UNITS, HOST_CODE, HOST_CONFIG, HOST_STATE, UNITS_DIR, Host, Unit, units
 
-pytestmark = pytest.mark.slow
+# services: each unit's process is given the test database by its location (tests.dburl).
+pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 HOST_NAME = "koala.example.com"  # ALLOWED_HOSTS of the env example
 MANAGE_PYTHON = f"{HOST_CODE}/.venv/bin/python"

@@ -20,7 +20,8 @@ from tests.dburl import database_url
 from workers import doorbell
 from workers.models import Job
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# services: a second connection, built from the connection settings, sees what is committed.
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
