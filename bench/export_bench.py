@@ -161,11 +161,13 @@ def sha256_file(path: Path) -> str:
 
 
 def run_baseline(select: str, out: Path) -> Run:
-    from exports.sql import copy_sql
-
+    """Plain COPY of the export's select with its values inlined (literal_select): the baseline is
+    PostgreSQL's own CSV writer, so it takes the text as the export would send it, not a SQL home's
+    statement (exports.sql.copy_sql wraps only those)."""
     info, env = conninfo()
+    copy = f"COPY ({select}) TO STDOUT WITH (FORMAT csv, HEADER)"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.export_bench", "--baseline-child", copy_sql(select), str(out)],
+        [sys.executable, "-m", "bench.export_bench", "--baseline-child", copy, str(out)],
         cwd=ROOT,
         env={**os.environ, **env, "BENCH_CONNINFO": info},
         capture_output=True,
