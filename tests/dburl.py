@@ -31,3 +31,23 @@ def database_url(params: dict[str, Any], *, host: str | None = None, port: int |
     if ":" in host:
         host = f"[{host}]"  # an IPv6 literal
     return f"postgres://{auth}{quote(host, safe='[]:')}{netport}/{quote(name, safe='')}{suffix}"
+
+
+def libpq_params(params: dict[str, Any]) -> dict[str, Any]:
+    """psycopg.connect() keywords for a connection's settings dict (HOST may be a socket folder:
+    libpq reads it as one only as ``host=``, never inside a URL's path as Koala's URLs put it)."""
+    found = {
+        "host": params.get("HOST") or None,
+        "port": params.get("PORT") or None,
+        "user": params.get("USER") or None,
+        "password": params.get("PASSWORD") or None,
+        "dbname": params["NAME"],
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def libpq_params_of(url: str) -> dict[str, Any]:
+    """psycopg.connect() keywords for one of Koala's DATABASE_URLs (database_url's form)."""
+    import environ
+
+    return libpq_params(environ.Env.db_url_config(url))

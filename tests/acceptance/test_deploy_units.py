@@ -35,7 +35,7 @@ from django.conf import settings
 
 from devtools.servers import wait_listening
 from tests.conftest import wait_for
-from tests.dburl import database_url
+from tests.dburl import database_url, libpq_params_of
 from tests.support.fleet import free_port
 from tests.support.units import ALL_UNITS, HOST_CODE, HOST_CONFIG, HOST_STATE, UNITS_DIR, Host, Unit, units
 
@@ -83,7 +83,7 @@ def fresh_database() -> Iterator[str]:
 
 
 def query(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(**libpq_params_of(url), autocommit=True) as conn:
         return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
 
 

@@ -63,7 +63,12 @@ def chromium_path() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: Playwright's sync API keeps an asyncio loop running on this thread
+# for as long as it lives, and while it does, every later test on the thread that calls an async
+# view through Django's test client fails ("You cannot use AsyncToSync in the same thread as an
+# async event loop"). A parallel run hands browser tests out first, so the rest of a worker's
+# tests came after them; the loop ends with the browser tests' module.
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright for Python is missing: it is in requirements/dev.txt (run scripts/bootstrap)"

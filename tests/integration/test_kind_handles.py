@@ -16,7 +16,7 @@ from django.db import connection, transaction
 import tests.kinds
 import workers
 from koala.models import AuditEvent
-from tests.dburl import database_url
+from tests.dburl import libpq_params
 from workers import doorbell
 from workers.models import Job
 
@@ -41,7 +41,7 @@ def rings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[tuple[int, in
 @pytest.fixture
 def elsewhere() -> Iterator[psycopg.Connection[Any]]:
     """A second connection to the test database: what a worker would see."""
-    with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as other:
+    with psycopg.connect(**libpq_params(connection.settings_dict), autocommit=True) as other:
         yield other
 
 
