@@ -12,6 +12,7 @@ test in the wrong folder, and one that swallowed the refusal would pass for the 
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,20 +45,36 @@ def _no_services(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         yield
         return
     touched: list[str] = []
+    # Threads an earlier (integration) test on this xdist worker left running, such as the API
+    # hub's doorbell listener reconnecting to Redis, are not this test reaching for a service:
+    # their connects go through. The test's own thread and any thread it starts are refused.
+    inherited = {thread for thread in threading.enumerate() if thread is not threading.current_thread()}
+    connect, connect_ex = socket.socket.connect, socket.socket.connect_ex
 
     def refuse(what: str) -> ServiceTouched:
         touched.append(what)
         return ServiceTouched(f"unit tests use no services, but this one reached for {what}")
 
+    ensure_connection = BaseDatabaseWrapper.ensure_connection
+
     def no_database(self: BaseDatabaseWrapper, *args: Any, **kwargs: Any) -> None:
+        if threading.current_thread() in inherited:
+            return ensure_connection(self, *args, **kwargs)
         raise refuse(f"the database ({self.alias})")
 
-    def no_network(self: socket.socket, address: Any) -> None:
+    def no_network(self: socket.socket, address: Any) -> Any:
+        if threading.current_thread() in inherited:
+            return connect(self, address)
         raise refuse(f"a socket ({address!r})")  # TCP or a unix socket (the embedded PostgreSQL and Redis)
+
+    def no_network_ex(self: socket.socket, address: Any) -> Any:
+        if threading.current_thread() in inherited:
+            return connect_ex(self, address)
+        return no_network(self, address)
 
     monkeypatch.setattr(BaseDatabaseWrapper, "ensure_connection", no_database)
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    monkeypatch.setattr(socket.socket, "connect_ex", lambda self, address: no_network(self, address))
+    monkeypatch.setattr(socket.socket, "connect_ex", no_network_ex)
     yield
     if touched:
         pytest.fail("unit tests use no services, but this one reached for " + "; ".join(touched), pytrace=False)
