@@ -286,7 +286,12 @@ def lease_token(*, attempt_id: int, lease_token: int, worker_id: str) -> str:
 
 
 def span_id_of(lease: Lease) -> str:
-    """The step span Koala opens for the attempt: stable for the lease, 16 hex like W3C trace context."""
+    """The step span Koala opens for the attempt: stable for the lease, 16 hex like W3C trace context.
+
+    A workflow's step has one span per (run, step), whatever its retries and reclaims: the id
+    derives from the run's trace and the step's name, so a retry reports under the same span."""
+    if lease.run_id is not None:
+        return hashlib.sha256(f"{lease.trace_id}:run-{lease.run_id}:step-{lease.step}".encode()).hexdigest()[:16]
     return hashlib.sha256(f"{lease.trace_id}:{lease.job_id}:{lease.lease_token}".encode()).hexdigest()[:16]
 
 
@@ -299,11 +304,16 @@ def lease_payload(lease: Lease, *, worker_id: str) -> dict[str, Any]:
         "job_id": lease.job_id,
         "kind": lease.kind,
         "version": lease.version,
-        "step": None,
+        "step": lease.step or None,
         "queue": lease.queue,
         "input": lease.input,
-        "steps": {},
+        "steps": lease.steps,
         "state": lease.run_state,
+        "run": (
+            {"id": lease.run_id, "state": lease.run_state, "correlation_id": lease.correlation_id}
+            if lease.run_id is not None
+            else None
+        ),
         "progress": lease.progress,
         "correlation_id": lease.correlation_id,
         "idempotency_key": _key_base(lease),

@@ -221,6 +221,7 @@ INSTALLED_APPS = [
     "reviews",
     "console",
     "exports",
+    "flows",
     "api",
     "devtools",
 ]

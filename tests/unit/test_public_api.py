@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPECTED = [
     "ABSENT",
     "Declined",
+    "DefinitionError",
     "Delivery",
     "EnqueueError",
     "EnqueueResult",
@@ -40,6 +41,10 @@ EXPECTED = [
     "JobKind",
     "JobSpec",
     "KindHandle",
+    "MAX_PENDING_SIGNALS",
+    "MAX_RUN_STATE_BYTES",
+    "MAX_SIGNAL_PAYLOAD_BYTES",
+    "MAX_STEPS",
     "Miss",
     "ModelPrice",
     "NotPerformed",
@@ -51,6 +56,7 @@ EXPECTED = [
     "RetryableError",
     "StepFailure",
     "TerminalFailure",
+    "Workflow",
     "applicable_budgets",
     "enqueue",
     "enqueue_many",
@@ -58,6 +64,7 @@ EXPECTED = [
     "model_price",
     "price_tokens",
     "remote_kind",
+    "workflow",
 ]
 
 
