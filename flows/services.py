@@ -592,3 +592,19 @@ def sweep_ended_runs() -> int:
 def beat() -> dict[str, int]:
     """The beat's housekeeping for runs (workers.hooks beat task)."""
     return {"waits_expired": expire_waits(), "ended_runs_jobs_cancelled": sweep_ended_runs()}
+
+
+# -- a person's read ----------------------------------------------------------------------------------------------------
+
+
+def read_run(*, run_id: int, actor: str) -> Any:
+    """A person reads a run's journal (``selectors.run_view``): the read is audited (a READ row
+    in the same transaction); the machine loop never calls this. UnknownRun for no such run."""
+    from flows import selectors
+
+    with transaction.atomic():
+        view = selectors.run_view(run_id)
+        if view is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        record_audit(actor=actor, action=AuditAction.READ, target_type="run", target_id=run_id)
+    return view
