@@ -32,6 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 EXPECTED = [
     "ABSENT",
+    "MAX_PENDING_SIGNALS",
+    "MAX_RUN_STATE_BYTES",
+    "MAX_SIGNAL_PAYLOAD_BYTES",
+    "MAX_STEPS",
     "Declined",
     "DefinitionError",
     "Delivery",
@@ -41,10 +45,6 @@ EXPECTED = [
     "JobKind",
     "JobSpec",
     "KindHandle",
-    "MAX_PENDING_SIGNALS",
-    "MAX_RUN_STATE_BYTES",
-    "MAX_SIGNAL_PAYLOAD_BYTES",
-    "MAX_STEPS",
     "Miss",
     "ModelPrice",
     "NotPerformed",
