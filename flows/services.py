@@ -400,7 +400,8 @@ def _step_job_changed(change: Transition) -> None:
             Run.objects.filter(pk=run.pk).update(run_state=merged, updated_at=now)
             run.run_state = merged
     elif change.state in (JobState.FAILED, JobState.CANCELLED):
-        job = Job.objects.filter(pk=change.job_id).values("error_class", "error_message", "failure_reason").first() or {}
+        found = Job.objects.filter(pk=change.job_id).values("error_class", "error_message", "failure_reason").first()
+        job: dict[str, Any] = dict(found) if found else {}
         code = "cancelled" if change.state == JobState.CANCELLED else (job.get("failure_reason") or "failed")
         error = f"{job.get('error_class') or ''}: {job.get('error_message') or ''}".strip(": ")
         _move(
@@ -519,7 +520,7 @@ def move_to_version(*, run_id: int, to_version: int, actor: str) -> Run:
             # SKIP LOCKED: a job row someone holds is being claimed or ended; that step keeps its
             # version (waiting for the job's lock here could deadlock with its ending, which holds
             # the job and waits for this run).
-            job = Job.objects.select_for_update(skip_locked=True).filter(pk=row.job_id, state=JobState.QUEUED).first()
+            job = Job.objects.select_for_update(skip_locked=True).filter(pk=row.job_id or 0, state=JobState.QUEUED).first()
             if job is None:
                 continue
             # Detach first, so the hook told of the cancel finds no step for the old job.
