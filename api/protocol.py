@@ -304,11 +304,16 @@ def lease_payload(lease: Lease, *, worker_id: str) -> dict[str, Any]:
         "job_id": lease.job_id,
         "kind": lease.kind,
         "version": lease.version,
-        "step": None,
+        "step": lease.step or None,
         "queue": lease.queue,
         "input": lease.input,
-        "steps": {},
+        "steps": lease.steps,
         "state": lease.run_state,
+        "run": (
+            {"id": lease.run_id, "state": lease.run_state, "correlation_id": lease.correlation_id}
+            if lease.run_id is not None
+            else None
+        ),
         "progress": lease.progress,
         "correlation_id": lease.correlation_id,
         "idempotency_key": _key_base(lease),

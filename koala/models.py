@@ -45,6 +45,11 @@ class AuditAction(models.TextChoices):
     # API keys (api.keys). A person's key reading run data writes READ rows like any person.
     API_KEY_CREATED = "api_key.create", "api_key.create: create an API key"
     API_KEY_REVOKED = "api_key.revoke", "api_key.revoke: revoke an API key"
+    # Workflow runs (flows.services).
+    RUN_START = "run.start", "run.start: start a workflow run"
+    RUN_SIGNAL = "run.signal", "run.signal: send a signal to a run"
+    RUN_CANCEL = "run.cancel", "run.cancel: cancel a workflow run"
+    RUN_MOVE = "run.move", "run.move: move a run to another version of its definition"
 
 
 class AuditEvent(models.Model):

@@ -233,6 +233,7 @@ INSTALLED_APPS = [
     "console",
     "exports",
     "traces",
+    "flows",
     "api",
     "devtools",
 ]

@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+import tests.flows_kinds
 import tests.kinds  # noqa: F401  (registers the test-only kinds in this process)
 from tests.dburl import database_url
 from tests.parallel import RUN_REDIS_URL, TURNS, longest_first, turn, worker_redis_urls
@@ -87,7 +88,7 @@ def worker_env(**extra: str) -> dict[str, str]:
             "DATABASE_URL": database_url_for_subprocess(),
             "REDIS_URL": settings.REDIS_URL,
             "SECRET_KEY": os.environ.get("SECRET_KEY") or "test-secret-key-" + "x" * 48,
-            "KOALA_JOB_KIND_MODULES": "workers.builtin_kinds,tests.kinds",
+            "KOALA_JOB_KIND_MODULES": "workers.builtin_kinds,tests.kinds,tests.flows_kinds",
             "KOALA_LEASE_SECONDS": "3",
             "KOALA_HEARTBEAT_SECONDS": "0.5",
             "KOALA_ORPHAN_GRACE_SECONDS": "0.5",

@@ -59,11 +59,24 @@ _HOMES: dict[str, tuple[str, str]] = {
     "price_tokens": ("workers.services.budgets", "price_tokens"),
     "applicable_budgets": ("workers.services.budgets", "applicable"),
     "ModelPrice": ("workers.models", "ModelPrice"),
+    # workflows: a versioned definition of steps (runs live in the flows app), and its limits
+    "workflow": ("workers.definitions", "workflow"),
+    "Workflow": ("workers.definitions", "Workflow"),
+    "DefinitionError": ("workers.definitions", "DefinitionError"),
+    "MAX_STEPS": ("workers.definitions", "MAX_STEPS"),
+    "MAX_RUN_STATE_BYTES": ("workers.definitions", "MAX_RUN_STATE_BYTES"),
+    "MAX_SIGNAL_PAYLOAD_BYTES": ("workers.definitions", "MAX_SIGNAL_PAYLOAD_BYTES"),
+    "MAX_PENDING_SIGNALS": ("workers.definitions", "MAX_PENDING_SIGNALS"),
 }
 
 __all__ = [
     "ABSENT",
+    "MAX_PENDING_SIGNALS",
+    "MAX_RUN_STATE_BYTES",
+    "MAX_SIGNAL_PAYLOAD_BYTES",
+    "MAX_STEPS",
     "Declined",
+    "DefinitionError",
     "Delivery",
     "EnqueueError",
     "EnqueueResult",
@@ -82,6 +95,7 @@ __all__ = [
     "RetryableError",
     "StepFailure",
     "TerminalFailure",
+    "Workflow",
     "applicable_budgets",
     "enqueue",
     "enqueue_many",
@@ -89,10 +103,20 @@ __all__ = [
     "model_price",
     "price_tokens",
     "remote_kind",
+    "workflow",
 ]
 
 if TYPE_CHECKING:
     from workers.context import JobContext
+    from workers.definitions import (
+        MAX_PENDING_SIGNALS,
+        MAX_RUN_STATE_BYTES,
+        MAX_SIGNAL_PAYLOAD_BYTES,
+        MAX_STEPS,
+        DefinitionError,
+        Workflow,
+        workflow,
+    )
     from workers.errors import (
         Declined,
         EnqueueError,

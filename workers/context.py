@@ -56,6 +56,11 @@ class JobContext:
         # report): the kind's sensitive fields and their values in the input.
         self.redactor = kind.redactor(lease.input)
         self.run_state = lease.run_state
+        # A workflow's step (workers.definitions): its name, its run, and the outputs of the steps
+        # it follows by name; "" / None / {} for a job of its own.
+        self.step = lease.step
+        self.run_id = lease.run_id
+        self.steps = lease.steps
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id
         self.trace_id = lease.trace_id

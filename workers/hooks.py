@@ -86,6 +86,10 @@ class Transition:
     outcome: str | None
     failure_reason: str | None
     cause: str
+    # For an attempt that completed (state succeeded, cause attempt): what the body returned and
+    # the state delta it set (ctx.set_state), as the completion stored them. None otherwise.
+    result: Any = None
+    state_delta: dict[str, Any] | None = None
 
 
 OnTransition = Callable[[Sequence[Transition]], None]

@@ -110,6 +110,14 @@ class Job(models.Model):
         help_text="An operator retry's carried key: its operation keys are its original's, so it can never send an "
         "effect twice. Empty: the job's own (idempotency key or koala-job-<id>).",
     )
+    # A workflow's step (the flows app above the engine keeps the run; the engine only carries
+    # what the step's lease shows): the run's id, the step's name, and its parents' outputs by
+    # name. NULL / "" / {} for a job of its own.
+    run_id = models.BigIntegerField(null=True, blank=True, help_text="The workflow run this job is a step of.")
+    step = models.CharField(max_length=100, blank=True, default="", db_default="", help_text="The step's name in its run.")
+    steps = models.JSONField(
+        default=dict, blank=True, db_default=models.Value("{}"), help_text="Earlier steps' outputs by name (a step's lease)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -182,6 +190,8 @@ class Job(models.Model):
             # The console's search: exact match on a trace, correlation or idempotency key
             # (the unique (kind, idempotency_key) index cannot serve a key without its kind).
             models.Index(fields=["trace_id"], name="job_trace_idx"),
+            # A run's step jobs (the flows app's sweeps and journal); small: steps only.
+            models.Index(fields=["run_id"], condition=Q(run_id__isnull=False), name="job_run_idx"),
             models.Index(fields=["correlation_id"], name="job_correlation_idx"),
             models.Index(fields=["idempotency_key"], condition=Q(idempotency_key__isnull=False), name="job_idempotency_key_idx"),
             # The dashboard's completions/error rate per queue and hourly charts: WHERE finished_at

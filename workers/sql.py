@@ -123,7 +123,7 @@ GROUP BY kind HAVING count(*) = %s AND bool_and(crashed)
 LEASE_COLUMNS = (
     "c.id, a.id, c.kind, c.version, c.queue, c.input, c.run_state, c.progress, c.lease_token, c.attempts, "
     "c.max_attempts, c.delivery, c.timeout_seconds, c.deadline_at, c.correlation_id, c.trace_id, c.idempotency_key, "
-    "c.created_by, c.operation_key_base"
+    "c.created_by, c.operation_key_base, c.run_id, c.step, c.steps"
 )
 
 # One statement claims the row (the conditional UPDATE whose row count decides the winner), bumps
@@ -433,11 +433,13 @@ WHERE q.queue IS NOT NULL
 JOB_INSERT_COLUMNS = (
     "kind, version, queue, input, input_fingerprint, idempotency_key, priority, delivery, scheduled_at, deadline_at, "
     "max_attempts, timeout_seconds, correlation_id, trace_id, created_by, created_at, updated_at, "
-    "state, attempts, lease_token, progress, run_state, usage, error_class, error_message, park_detail, parked_on"
+    "run_id, step, steps, run_state, operation_key_base, "
+    "state, attempts, lease_token, progress, usage, error_class, error_message, park_detail, parked_on"
 )
 JOB_ROW = (
     "(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "'queued', 0, 0, '{}', '{}', '{}', '', '', '', '{}')"
+    "%s, %s, %s::jsonb, %s::jsonb, %s, "
+    "'queued', 0, 0, '{}', '{}', '', '', '', '{}')"
 )
 
 
@@ -453,6 +455,20 @@ def insert_jobs(rows: int) -> str:
         "RETURNING trace_id, id"
     )
 
+
+# An app's in-transaction hook refuses a completion that has just landed (a workflow step whose
+# state delta would make its run's state too large): in the same transaction as sql.COMPLETE, the
+# job and its attempt end failed (terminal) instead, so nobody ever sees the success. Params:
+# error_class, error_message, job_id. Returns _TRANSITION's columns when it changed the job.
+REFUSE_COMPLETION = (
+    "WITH j AS (UPDATE workers_job SET state = 'failed', failure_reason = 'terminal', result = NULL, "
+    "error_class = %(error_class)s, error_message = %(error_message)s, updated_at = now() "
+    "WHERE id = %(job_id)s AND state = 'succeeded' "
+    "RETURNING id, kind, version, queue, state, failure_reason, lease_token), "
+    "a AS (UPDATE workers_attempt SET outcome = 'failed', error_class = %(error_class)s, error_message = %(error_message)s "
+    "WHERE job_id = (SELECT id FROM j) AND lease_token = (SELECT lease_token FROM j) AND outcome = 'succeeded' RETURNING id) "
+    "SELECT id, kind, version, queue, state, failure_reason FROM j"
+)
 
 # The job holding a kind's idempotency key, and its input's fingerprint (params: kind, key).
 JOB_BY_KEY = "SELECT id, input_fingerprint FROM workers_job WHERE kind = %s AND idempotency_key = %s"

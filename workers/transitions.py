@@ -28,6 +28,7 @@ dependants become due, a metric counts, in the same commit or not at all.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -193,7 +194,10 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
         with transaction.atomic():
             row = _execute(statement, params)
             if row is not None:
-                hooks.run_on_transition([_transition(row, outcome=outcome, cause="attempt")])
+                change = _transition(row, outcome=outcome, cause="attempt")
+                if isinstance(decision, outcomes.Complete):
+                    change = dataclasses.replace(change, result=decision.result, state_delta=dict(decision.state_delta or {}))
+                hooks.run_on_transition([change])
                 if spans:
                     span_id = attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
                     hooks.record_spans(
@@ -253,6 +257,21 @@ def give_back(leases_: Sequence[Lease], *, why: str) -> None:
     attempt is not used, any delivery mode goes back to the queue."""
     for lease in leases_:
         end_attempt(outcomes.decide(outcomes.GivenBack(why=why), lease, None), lease)
+
+
+def refuse_completion(*, job_id: int, error_class: str, message: str) -> Transition | None:
+    """An on-transition callback refuses a completion it was just told of: the job (and its
+    attempt) end failed, terminal, with ``error_class`` instead, in the completion's own
+    transaction, so no one ever sees the success (a workflow step whose state delta would make
+    its run's state too large). None when the job is no longer succeeded (nothing changed)."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("refuse_completion() runs inside the completion's transaction (an on-transition callback)")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.REFUSE_COMPLETION, {"job_id": job_id, "error_class": error_class[:200], "error_message": redact_text(message)}
+        )
+        row = cursor.fetchone()
+    return _transition(row, outcome=Outcome.FAILED, cause="attempt") if row else None
 
 
 # -- the reaper ---------------------------------------------------------------------------------------------

@@ -32,7 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 EXPECTED = [
     "ABSENT",
+    "MAX_PENDING_SIGNALS",
+    "MAX_RUN_STATE_BYTES",
+    "MAX_SIGNAL_PAYLOAD_BYTES",
+    "MAX_STEPS",
     "Declined",
+    "DefinitionError",
     "Delivery",
     "EnqueueError",
     "EnqueueResult",
@@ -51,6 +56,7 @@ EXPECTED = [
     "RetryableError",
     "StepFailure",
     "TerminalFailure",
+    "Workflow",
     "applicable_budgets",
     "enqueue",
     "enqueue_many",
@@ -58,6 +64,7 @@ EXPECTED = [
     "model_price",
     "price_tokens",
     "remote_kind",
+    "workflow",
 ]
 
 

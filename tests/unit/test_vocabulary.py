@@ -28,7 +28,9 @@ from workers.services.leases import Lease
 BODY_ERRORS = {"Retryable", "RetryableError", "TerminalFailure", "StepFailure"}
 PERFORM_ERRORS = {"NotPerformed", "Declined", "OutcomeUnknown"}
 RESULTS = {"OperationResult", "ABSENT", "Miss", "Processing"}
-ENQUEUE_SIDE = {"EnqueueError"}  # raised to the caller of enqueue, not by a body: not the SDK's business
+# Raised to the caller of enqueue, or at import by a workflow declared wrongly, never by a body:
+# not the SDK's business.
+ENQUEUE_SIDE = {"EnqueueError", "DefinitionError"}
 
 # api.protocol.fail: the SDK's classification on the wire -> the engine's.
 WIRE = {"retryable": outcomes.Classification.RETRYABLE, "step_failure": outcomes.Classification.TERMINAL}

@@ -36,6 +36,16 @@ class JobSpec:
     priority: int = 0
     delay_seconds: float = 0.0
     correlation_id: str = ""
+    # A workflow's step (the flows app enqueues these; docs/engine.md): the run's id, the step's
+    # name, its parents' outputs by name, the run's state as the step became due, the run's trace
+    # id (shared by its steps; a spec naming one needs no other spec of the batch to share it)
+    # and the operation key base stable across the step's retries and version moves.
+    run_id: int | None = None
+    step: str = ""
+    steps: Mapping[str, Any] = field(default_factory=dict)
+    run_state: Mapping[str, Any] = field(default_factory=dict)
+    trace_id: str = ""
+    operation_key_base: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,11 @@ class _Row(NamedTuple):
     created_by: str
     created_at: datetime
     updated_at: datetime
+    run_id: int | None
+    step: str
+    steps: str  # JSON text
+    run_state: str  # JSON text
+    operation_key_base: str
 
 
 # The row names the insert's columns, in order: a field added to one and not the other fails at import.
@@ -161,7 +176,15 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
             previous = seen_keys.setdefault((kind.name, spec.idempotency_key), fingerprint)
             if previous != fingerprint:
                 raise EnqueueError(f"idempotency key {spec.idempotency_key!r} appears twice in the batch with different input.")
-        trace_id = secrets.token_hex(16)
+        trace_id = spec.trace_id or secrets.token_hex(16)
+        if spec.trace_id and any(row.trace_id == trace_id for row in rows):
+            # The trace id maps the INSERT's RETURNING rows back to the specs (below).
+            raise EnqueueError(f"trace_id {trace_id!r} appears twice in one batch; enqueue such jobs one at a time.")
+        try:
+            steps_json = json.dumps(dict(spec.steps), allow_nan=False, default=str)
+            state_json = json.dumps(dict(spec.run_state), allow_nan=False, default=str)
+        except (TypeError, ValueError) as exc:
+            raise EnqueueError(f"a step's steps and run_state must be storable JSON: {exc}.") from None
         rows.append(
             _Row(
                 kind=kind.name,
@@ -181,6 +204,11 @@ def enqueue_many(*, specs: Sequence[JobSpec], created_by: str = "") -> list[Enqu
                 created_by=created_by,
                 created_at=now,
                 updated_at=now,
+                run_id=spec.run_id,
+                step=spec.step,
+                steps=steps_json,
+                run_state=state_json,
+                operation_key_base=spec.operation_key_base,
             )
         )
 

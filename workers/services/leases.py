@@ -53,6 +53,10 @@ class Lease:
     idempotency_key: str | None
     created_by: str
     operation_key_base: str  # an operator retry's carried key base ('' for the job's own)
+    # A workflow's step (Job.run_id, step, steps): None / "" / {} for a job of its own.
+    run_id: int | None = None
+    step: str = ""
+    steps: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tenant(self) -> str:
@@ -69,6 +73,8 @@ def _lease(row: Sequence[Any]) -> Lease:
     values = list(row)
     for index in (5, 6, 7):  # input, run_state, progress
         values[index] = _json(values[index])
+    if len(values) > 21:
+        values[21] = _json(values[21])  # steps
     return Lease(*values)
 
 
