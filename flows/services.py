@@ -57,7 +57,7 @@ from workers.definitions import (
 )
 from workers.errors import EnqueueError, JobStateError
 from workers.hooks import Transition
-from workers.models import Job, JobState
+from workers.models import TERMINAL_STATES, Job, JobState
 from workers.services import jobs
 from workers.services.jobs import JobSpec
 
@@ -477,17 +477,40 @@ def cancel_run(*, run_id: int, actor: str, reason: str = "") -> Run:
     one is refused by name and changes nothing. RunFinished when it has already ended."""
     reason = redact_text(reason or "")[:500]
     with transaction.atomic():
+        # The live steps' jobs first, in id order, then the run: the order a step's ending takes
+        # (its job, then the run). Holding them, no completion can land between the run's end and
+        # theirs (accepted on the job, ignored by the cancelled run): a report either ended before
+        # this (and the run recorded it) or comes after and is refused by name (job_cancelled).
+        held = _lock_live_jobs(run_id)
         run = _locked_run(run_id)
         if run.state in TERMINAL_RUN_STATES:
             raise RunFinished(f"run {run.pk} is already {run.state}; a finished run never changes")
         record_audit(
             actor=actor, action=AuditAction.RUN_CANCEL, target_type="run", target_id=run.pk, details={"reason": reason[:200]}
         )
-        # The jobs are cancelled after this commits (_finish), each in its own transaction: the
-        # job's row is locked before the run's everywhere, and here the run's is held.
         _finish(run, RunState.CANCELLED, code="cancelled", error=f"cancelled by {actor}" + (f": {reason}" if reason else ""))
+        # The held ones end here; a step made due after the read above (none can be once the run
+        # is locked and cancelled) would be left to _finish's after-commit cancel.
+        cancel_jobs(job_ids=held, reason=f"run {run.pk} cancelled")
     run.refresh_from_db()
     return run
+
+
+def _lock_live_jobs(run_id: int) -> list[int]:
+    """Lock the live jobs of a run's live steps (id order, like every multi-job lock) and return
+    their ids; a job that ended meanwhile is left out."""
+    job_ids = sorted(
+        RunStep.objects.filter(run_id=run_id, state__in=LIVE_STEP_STATES, job__isnull=False).values_list("job_id", flat=True)
+    )
+    if not job_ids:
+        return []
+    return list(
+        Job.objects.select_for_update()
+        .filter(pk__in=job_ids)
+        .exclude(state__in=TERMINAL_STATES)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
 
 
 def move_to_version(*, run_id: int, to_version: int, actor: str) -> Run:

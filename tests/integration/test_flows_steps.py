@@ -234,3 +234,87 @@ def test_a_critical_charge_makes_the_run_wait_for_its_approval(tmp_path: Path, s
     done = drain_until(lambda: _finished(run.pk), what="the approved run to finish")
     assert done.state == "succeeded" and len(world_effects(str(world))) == 1
     drain()
+
+
+def _waiting_on_locks() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        return int(cursor.fetchone()[0])
+
+
+def _until(check: Any, what: str, seconds: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_completion_racing_a_cancel_is_either_recorded_in_the_run_or_refused_by_name(tmp_path: Path) -> None:
+    """The cancel takes the run first, then its completion arrives: the completion must not be
+    accepted on the job while the run (already cancelled) ignores it. Forced order: a third
+    session holds the run's row; the cancel queues on it, then the completion of the running
+    step; the holder lets go."""
+    import threading
+
+    run = services.start_run(definition="fan", version=1, input={"log": str(tmp_path / "e")}, actor="a").run
+    assert _complete(_claim(_steps(run.pk)["a"].job_id or 0, "w"), "a", {"a": 1}) is None
+    running = _claim(_steps(run.pk)["b"].job_id or 0, "w")
+    answers: dict[str, Any] = {}
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        from django.db import connection
+
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=run.pk)
+                held.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    def cancel() -> None:
+        from django.db import connection
+
+        try:
+            answers["cancel"] = services.cancel_run(run_id=run.pk, actor="alice", reason="race").state
+        finally:
+            connection.close()
+
+    def complete() -> None:
+        from django.db import connection
+
+        try:
+            answers["complete"] = _complete(running, "b-done", {"b": 2})
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    try:
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        _until(lambda: _waiting_on_locks() >= 1, "the cancel to wait on a lock")
+        completer = threading.Thread(target=complete)
+        completer.start()
+        _until(lambda: _waiting_on_locks() >= 2, "the completion to wait on a lock")
+    finally:
+        release.set()
+        holder.join(20)
+    canceller.join(20)
+    completer.join(20)
+    assert answers.get("cancel") == "cancelled"
+    job = Job.objects.get(pk=running.job_id)
+    step = _steps(run.pk)["b"]
+    if answers["complete"] is None:  # accepted: then the run recorded it before it was cancelled
+        assert job.state == "succeeded" and step.state == "succeeded" and step.output == "b-done"
+        assert Run.objects.get(pk=run.pk).run_state == {"a": 1, "b": 2}
+    else:  # refused by name: nothing of it anywhere
+        assert answers["complete"] == Rejection.JOB_CANCELLED
+        assert job.state == "cancelled" and step.state == "cancelled"
+        assert Run.objects.get(pk=run.pk).run_state == {"a": 1}
