@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -43,15 +44,19 @@ from workers.errors import (
     TerminalFailure,
     UnknownName,
 )
+from workers.hooks import BodySpan
 from workers.ledger import ABSENT, Miss, OperationResult, Processing, run_operation, settle_call
-from workers.models import Operation, OperationState, Outcome, Span, WorkerExit, WorkerProcess, operation_key_base
+from workers.models import Operation, OperationState, Outcome, WorkerExit, WorkerProcess, operation_key_base
 from workers.services import budgets, leases, pauses, processes
 from workers.services.leases import ClaimPass, HeldLease, Lease
+from workers.spans import SpanError, attempt_span_id, check_attributes
 from workers.transitions import Report
 
 NAME_PATTERN = r"[A-Za-z0-9._@+-]{1,200}"  # what django-rq's worker pages can link to (workers.rq_pages)
 MAX_CONCURRENCY = 256
-MAX_SPANS = 1000
+MAX_SPANS = 1000  # workers.spans.MAX_SPANS: a report's spans, as an RQ body's are bounded
+MAX_SPANS_BYTES = 1_000_000  # their JSON, together
+SPAN_FIELDS = frozenset({"span_id", "parent_id", "name", "start", "end", "attributes", "usage", "error"})
 MAX_MESSAGE_CHARS = 2000
 REGISTRATION_CACHE_SECONDS = 30.0
 
@@ -286,13 +291,8 @@ def lease_token(*, attempt_id: int, lease_token: int, worker_id: str) -> str:
 
 
 def span_id_of(lease: Lease) -> str:
-    """The step span Koala opens for the attempt: stable for the lease, 16 hex like W3C trace context.
-
-    A workflow's step has one span per (run, step), whatever its retries and reclaims: the id
-    derives from the run's trace and the step's name, so a retry reports under the same span."""
-    if lease.run_id is not None:
-        return hashlib.sha256(f"{lease.trace_id}:run-{lease.run_id}:step-{lease.step}".encode()).hexdigest()[:16]
-    return hashlib.sha256(f"{lease.trace_id}:{lease.job_id}:{lease.lease_token}".encode()).hexdigest()[:16]
+    """The attempt's span (workers.spans.attempt_span_id): stable for the lease, 16 hex like W3C trace context."""
+    return attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
 
 
 def lease_payload(lease: Lease, *, worker_id: str) -> dict[str, Any]:
@@ -453,18 +453,27 @@ def _usage(usage: dict[str, Any] | None, spans: Sequence[dict[str, Any]]) -> dic
 
 
 def check_spans(spans: Sequence[Any], *, step_span: str) -> list[dict[str, Any]]:
-    """The body's spans, validated (ids, parents within the step, times, usage); 400 otherwise."""
+    """The body's spans, validated (ids, parents within the step, names, times, attributes, usage,
+    at most MAX_SPANS of at most MAX_SPANS_BYTES together); 400 naming the first bad field otherwise."""
     if len(spans) > MAX_SPANS:
         raise invalid("spans", f"at most {MAX_SPANS} spans per step")
+    size = len(json.dumps(list(spans), default=str))
+    if size > MAX_SPANS_BYTES:
+        raise invalid("spans", f"{size} bytes of spans; the limit is {MAX_SPANS_BYTES} per report")
     seen = {step_span}
     checked: list[dict[str, Any]] = []
     for index, span in enumerate(spans):
         where = f"spans[{index}]"
         if not isinstance(span, dict):
             raise invalid(where, "must be an object")
+        unknown = sorted(set(span) - SPAN_FIELDS)
+        if unknown:
+            raise invalid(where, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(SPAN_FIELDS))}")
         span_id = span.get("span_id")
         if not isinstance(span_id, str) or len(span_id) != 16 or any(c not in "0123456789abcdef" for c in span_id):
             raise invalid(f"{where}.span_id", "must be 16 lowercase hex characters")
+        if span_id == "0" * 16:
+            raise invalid(f"{where}.span_id", "must not be all zeros (an invalid span id in W3C trace context)")
         if span_id in seen:
             raise invalid(f"{where}.span_id", "is used twice (or is the step span's)")
         seen.add(span_id)
@@ -481,13 +490,53 @@ def check_spans(spans: Sequence[Any], *, step_span: str) -> list[dict[str, Any]]
             value = span.get(moment)
             if value is not None and (not isinstance(value, str) or _when(value) is None):
                 raise invalid(f"{where}.{moment}", "must be an ISO 8601 time with its offset")
+        if span.get("start") and span.get("end") and _when(span["end"]) < _when(span["start"]):  # type: ignore[operator]
+            raise invalid(f"{where}.end", "must not be before its start")
         attributes = span.get("attributes")
-        if attributes is not None and not isinstance(attributes, dict):
-            raise invalid(f"{where}.attributes", "must be an object")
+        if attributes is not None:
+            if not isinstance(attributes, dict):
+                raise invalid(f"{where}.attributes", "must be an object")
+            try:
+                check_attributes(attributes, where=f"{where}.attributes")
+            except SpanError as exc:
+                field, _, problem = str(exc).partition(": ")
+                raise invalid(field, problem) from None
+        error = span.get("error")
+        if error is not None and (not isinstance(error, str) or len(error) > 200):
+            raise invalid(f"{where}.error", "must be an error class name of at most 200 characters")
         if span.get("usage") is not None:
             check_usage(span["usage"], where=f"{where}.usage")
         span["parent_id"] = parent
+    _no_cycles(checked, step_span=step_span)
     return checked
+
+
+def _no_cycles(spans: Sequence[dict[str, Any]], *, step_span: str) -> None:
+    """Every span's parents lead to the step span (a → b → a would hang under nothing)."""
+    parent_of = {span["span_id"]: span["parent_id"] for span in spans}
+    for index, span in enumerate(spans):
+        at, steps = span["span_id"], 0
+        while at != step_span:
+            at, steps = parent_of[at], steps + 1
+            if steps > len(spans):
+                raise invalid(f"spans[{index}].parent_id", "makes a cycle: its parents never reach the step span")
+
+
+def body_spans(spans: Sequence[dict[str, Any]]) -> tuple[BodySpan, ...]:
+    """Checked spans (check_spans) as the engine hands them to its span sinks."""
+    return tuple(
+        BodySpan(
+            span_id=span["span_id"],
+            parent_id=span["parent_id"],
+            name=span["name"],
+            started_at=_when(span["start"]) if span.get("start") else None,
+            ended_at=_when(span["end"]) if span.get("end") else None,
+            attributes=dict(span.get("attributes") or {}),
+            usage=dict(span.get("usage") or {}),
+            error=span.get("error") or "",
+        )
+        for span in spans
+    )
 
 
 def check_usage(usage: Any, *, where: str = "usage") -> dict[str, Any]:
@@ -526,54 +575,15 @@ def complete(
 ) -> str:
     lease = held.lease
     kind = _kind(lease)
-    step_span = span_id_of(lease)
     total = _usage(usage, spans)
     redactor = kind.redactor(lease.input)
     with redaction.bind(redactor):
         decision = outcomes.decide(outcomes.Returned(value=output, state_delta=state_delta), lease, kind)
-        report = Report(compute_seconds=duration_seconds, usage=total or None)
-        # One transaction: the spans are stored only if the completion itself lands (a stale
-        # attempt's spans would describe a run whose outcome is someone else's).
-        with transaction.atomic():
-            outcome = _record(held, decision, report)
-            if spans:  # a body that recorded no spans leaves only its attempt row (no trace to draw)
-                _store_spans(held, step_span=step_span, spans=spans, total=total, redactor=redactor)
+        # The spans go to the span sinks in the completion's own transaction (workers.transitions):
+        # stored only if it lands (a stale attempt's spans would describe someone else's outcome).
+        report = Report(compute_seconds=duration_seconds, usage=total or None, spans=body_spans(spans))
+        outcome = _record(held, decision, report)
     return outcome or Outcome.SUCCEEDED
-
-
-def _store_spans(
-    held: HeldLease, *, step_span: str, spans: Sequence[dict[str, Any]], total: dict[str, float], redactor: redaction.Redactor
-) -> None:
-    lease, started = held.lease, held.started_at
-    rows = [
-        Span(
-            job_id=lease.job_id,
-            attempt_id=lease.attempt_id,
-            trace_id=lease.trace_id,
-            span_id=step_span,
-            parent_id="",
-            name=lease.kind,
-            started_at=started,
-            ended_at=timezone.now(),
-            usage=total,
-        )
-    ]
-    for span in spans:
-        rows.append(
-            Span(
-                job_id=lease.job_id,
-                attempt_id=lease.attempt_id,
-                trace_id=lease.trace_id,
-                span_id=span["span_id"],
-                parent_id=span["parent_id"],
-                name=redactor.text(span["name"])[:200],
-                started_at=_when(span["start"]) if span.get("start") else None,
-                ended_at=_when(span["end"]) if span.get("end") else None,
-                attributes=redactor.data(span.get("attributes") or {}),
-                usage=span.get("usage") or {},
-            )
-        )
-    Span.objects.bulk_create(rows)
 
 
 CLASSIFICATIONS = ("retryable", "step_failure", "fatal", "unservable", "released")
@@ -597,9 +607,11 @@ def fail(
     retry_after: float | None,
     body_started: bool,
     safe_point: bool,
+    spans: Sequence[dict[str, Any]] = (),
 ) -> str:
     lease = held.lease
     message = message_only(message)
+    report = Report(spans=body_spans(spans))
     if classification == "unservable":
         return _record(held, transitions.unservable(lease, worker=held.worker_id)) or Outcome.UNSERVABLE
     kind = _kind(lease)
@@ -621,7 +633,7 @@ def fail(
         label = error_class or {"retryable": "RetryableError", "step_failure": "StepFailure", "fatal": "Error"}[classification]
         ending = outcomes.Reported(classification=named, error_class=label, message=message, retry_after=retry_after)
     with redaction.bind(kind.redactor(lease.input)):
-        return _record(held, outcomes.decide(ending, lease, kind)) or ""
+        return _record(held, outcomes.decide(ending, lease, kind), report) or ""
 
 
 # -- operations: the ledger over HTTP -------------------------------------------------------------

@@ -34,7 +34,7 @@ Reads (``flows.selectors``):
 The lease of a step (both runtimes, ``workers.services.leases.Lease``; JSON in ``api.protocol``)
 carries ``step``, ``steps`` (the earlier steps' outputs by name), ``state`` (the run's state as the
 step became due), ``run`` (id, state, correlation_id), ``idempotency_key`` (``koala-run-<id>-<step>``,
-stable across retries, reclaims and version moves), ``trace_id`` (the run's) and ``span_id`` (one
-per run and step). Run states: running, waiting (only waits or parked jobs pending), succeeded,
+stable across retries, reclaims and version moves), ``trace_id`` (the run's) and ``span_id`` (the
+attempt's, ``workers.spans.attempt_span_id``). Run states: running, waiting (only waits or parked jobs pending), succeeded,
 failed, cancelled; terminal ones never change (conditional UPDATEs).
 """

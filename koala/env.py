@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -92,3 +94,27 @@ def string_list(name: str, default: list[str]) -> list[str]:
     if value is None or value.strip() == "":
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
+
+
+def headers(name: str) -> dict[str, str]:
+    """HTTP headers as ``name=value,name2=value2`` (OpenTelemetry's OTEL_EXPORTER_OTLP_HEADERS
+    form; values may be %-encoded). Values are secrets: an error names the item, never its value."""
+    value = raw(name)
+    found: dict[str, str] = {}
+    if value is None or value.strip() == "":
+        return found
+    for index, item in enumerate(value.split(","), start=1):
+        if not item.strip():
+            continue
+        key, equals, text = item.partition("=")
+        key = key.strip()
+        if not equals or not HEADER_NAME.fullmatch(key):
+            raise ConfigError(f"{name}: item {index} must be NAME=VALUE with NAME an HTTP header name.")
+        decoded = urllib.parse.unquote(text.strip())
+        if not decoded or any(c in decoded for c in "\r\n\0"):
+            raise ConfigError(f"{name}: the value of {key} must be non-empty and on one line.")
+        found[key] = decoded
+    return found

@@ -137,6 +137,17 @@ try:
     # once the last send is older than this; set it from the provider's documentation, generously.
     KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_PAYMENTS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
     KOALA_MODELS_PROCESSING_WINDOW_SECONDS = env.number("KOALA_MODELS_PROCESSING_WINDOW_SECONDS", 60.0, minimum=0.0)
+    # Traces (traces/, docs/operations.md "Traces"): exported over OTLP/HTTP only when an endpoint
+    # is set. The endpoint is the receiver's base URL (/v1/traces is added unless it ends so);
+    # the headers (an API key) are a secret: give them as KOALA_OTLP_HEADERS_FILE in production.
+    KOALA_OTLP_ENDPOINT = _provider_url("KOALA_OTLP_ENDPOINT")
+    KOALA_OTLP_HEADERS = env.headers("KOALA_OTLP_HEADERS")
+    KOALA_OTLP_SERVICE_NAME = env.string("KOALA_OTLP_SERVICE_NAME", "koala").strip()
+    if not 0 < len(KOALA_OTLP_SERVICE_NAME) <= 100 or any(c.isspace() and c != " " for c in KOALA_OTLP_SERVICE_NAME):
+        raise ConfigError("KOALA_OTLP_SERVICE_NAME must be a name of 1 to 100 characters on one line.")
+    # One export call's bound (the exporter's own retries included): a tick spends at most about twice this.
+    KOALA_OTLP_TIMEOUT_SECONDS = env.number("KOALA_OTLP_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+    KOALA_OTLP_BATCH_SPANS = env.integer("KOALA_OTLP_BATCH_SPANS", 512, minimum=1)
     # The currency of every cost: operations' cost_minor, the model price table and budgets' spend
     # are minor units (cents) of it. Koala converts nothing; pages and commands name it.
     KOALA_COST_CURRENCY = env.string("KOALA_COST_CURRENCY", "EUR").strip().upper()
@@ -222,6 +233,7 @@ INSTALLED_APPS = [
     "console",
     "exports",
     "flows",
+    "traces",
     "api",
     "devtools",
 ]

@@ -489,3 +489,43 @@ def _unstorable(ctx: JobContext, data: dict[str, Any]) -> Any:
             ),
         )
     raise ValueError(what)
+
+
+def _traced_body(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Records nested spans around a model call through the ledger; ``fail_first`` makes the
+    first attempt fail after its spans (Retryable), ``sleep_first`` makes it outlive its lease
+    (a reclaim's case), ``secret`` is a declared sensitive value it puts in an attribute."""
+    from workers import OperationResult
+
+    if ctx.attempt == 1 and data.get("sleep_first"):
+        time.sleep(float(data["sleep_first"]))
+    with ctx.span("agent", step="plan", secret=data.get("secret", "")) as agent:
+        with ctx.span("draft") as draft:
+            draft.add_usage(input_tokens=3, output_tokens=4, model="tiny")
+            completion = ctx.operation(
+                "complete",
+                kind="model_call",
+                params={"prompt": "hi"},
+                perform=lambda key: OperationResult(
+                    external_id=key, data={"text": "hello"}, cost_minor=7, usage={"input_tokens": 11, "output_tokens": 5}
+                ),
+                reconcile=lambda key: None,
+                estimate_minor=7,
+                target="tiny-model",
+            )
+        agent.set(words=len(completion["text"]))
+    if ctx.attempt == 1 and data.get("fail_first"):
+        raise Retryable("the first attempt fails after its spans")
+    return completion
+
+
+job_kind(
+    "tests.traced",
+    version=1,
+    queue="default",
+    max_attempts=3,
+    timeout_seconds=30,
+    backoff_base=0.01,
+    backoff_cap=0.02,
+    sensitive_fields={"secret"},
+)(_traced_body)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from django.utils import timezone
@@ -21,6 +21,7 @@ from workers.ledger import Perform, Reconcile, run_operation
 from workers.models import Operation, operation_key_base
 from workers.services import leases
 from workers.services.leases import Lease
+from workers.spans import OpenSpan, SpanRecorder, attempt_span_id
 
 
 class Runtime(Protocol):
@@ -63,6 +64,10 @@ class JobContext:
         self.previous_progress = lease.progress
         self.correlation_id = lease.correlation_id
         self.trace_id = lease.trace_id
+        # This attempt's span in the job's trace (stable for the attempt); the body's own spans
+        # (span(), and one per ledger operation) hang under it, handed over when the attempt ends.
+        self.span_id = attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
+        self.spans = SpanRecorder(self.span_id)
         # Stable across retries of this job, and carried by an operator retry from its original
         # (Job.operation_key_base): the idempotency key for outbound calls, so a retry's steps
         # find the original's ledger rows and can never send an effect twice.
@@ -175,20 +180,34 @@ class JobContext:
         attention, a budget is spent) for the runtime: the job is set aside without using an attempt.
         """
         self.checkpoint()
-        return run_operation(
-            self,
-            name,
-            kind=kind,
-            params=params,
-            perform=perform,
-            reconcile=reconcile,
-            key=key,
-            estimate_minor=estimate_minor,
-            amount_minor=amount_minor,
-            currency=currency,
-            target=target,
-            tenant=tenant,
-        )
+        # One span per operation, under the innermost open span: a model call sits at its depth.
+        before = dict(self.counted)
+        attributes: dict[str, Any] = {"koala.operation.name": name, "koala.operation.kind": kind}
+        if target:
+            attributes["koala.operation.target"] = target
+        with self.spans.open(f"{kind} {name}", attributes) as span:
+            result = run_operation(
+                self,
+                name,
+                kind=kind,
+                params=params,
+                perform=perform,
+                reconcile=reconcile,
+                key=key,
+                estimate_minor=estimate_minor,
+                amount_minor=amount_minor,
+                currency=currency,
+                target=target,
+                tenant=tenant,
+            )
+            # What this operation added to the job (the ledger's count) is the span's usage.
+            for field in ("input_tokens", "output_tokens", "cost_minor"):
+                added = self.counted.get(field, 0) - before.get(field, 0)
+                if added:
+                    span.usage[field] = int(added)
+            if kind in ("model", "model_call") and target:
+                span.usage["model"] = target[:100]
+        return result
 
     def operation_key(self, name: str) -> str:
         """The default key of step ``name``: stable across retries, unique per job and step."""
@@ -197,6 +216,15 @@ class JobContext:
     def previous_operation(self, name: str, *, key: str | None = None) -> Operation | None:
         """The stored ledger row of step ``name`` (any state), e.g. the params of a crashed publish."""
         return Operation.objects.filter(key=key or self.operation_key(name)).first()
+
+    def span(self, name: str, **attributes: Any) -> AbstractContextManager[OpenSpan]:
+        """A span of this attempt's trace around a ``with`` block: ``with ctx.span("draft", model=m)
+        as span:``. Spans nest by the blocks (on one thread); each ledger operation inside is a span
+        under the innermost. ``span.set(**attributes)`` and ``span.add_usage(input_tokens=…,
+        output_tokens=…, cost_minor=…, model=…)`` add to it while it runs. Attributes are strings,
+        numbers, booleans or lists of them (stored redacted); anything else raises SpanError (a
+        ValueError) at once. At most 1000 spans per attempt are kept."""
+        return self.spans.open(name, attributes)
 
     def set_state(self, **delta: Any) -> None:
         """Top-level keys merged into the run's state when the attempt completes."""

@@ -13,7 +13,12 @@ registry, which each app fills in its ``AppConfig.ready``:
 - **on-transition callbacks**: told, inside the transaction that records it, of every change of a
   job's state the engine makes (an attempt's end through ``workers.transitions``, the reaper's
   requeues and failures, a cancel, a review's rejection, an unpark): what hangs on a job reaching a
-  state (a workflow's dependants becoming due, a metric's counter) commits with it or not at all.
+  state (a workflow's dependants becoming due, a metric's counter) commits with it or not at all;
+- **span sinks**: given, inside the transaction that records an attempt's end, the spans its body
+  recorded (``ctx.span``, the ledger's operations, an HTTP worker's reported spans), to store with
+  it (``traces`` keeps them and exports them); with no sink registered they are dropped;
+- **span parents**: who says which span a job's attempt spans hang under (a workflow's step span);
+  without one an attempt's span is a root of the job's trace.
 
 Registration is idempotent by name, so a second ``ready()`` (tests, autoreload) replaces
 rather than duplicates. The registry holds callables only; it never imports an app.
@@ -21,8 +26,9 @@ rather than duplicates. The registry holds callables only; it never imports an a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 
@@ -88,9 +94,44 @@ class Transition:
 
 OnTransition = Callable[[Sequence[Transition]], None]
 
+
+@dataclass(frozen=True)
+class BodySpan:
+    """One span a body recorded: ``parent_id`` is another of the attempt's spans or the attempt's
+    own span (``workers.spans.attempt_span_id``). Times are the body's clock (UTC). ``usage`` is
+    the span's own (``input_tokens``, ``output_tokens``, ``cost_minor``, ``model``). Not redacted
+    yet: the sink stores it through the attempt's redaction context."""
+
+    span_id: str
+    parent_id: str
+    name: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    usage: Mapping[str, Any] = field(default_factory=dict)
+    error: str = ""  # the error class that ended it ("" when it ended normally)
+
+
+@dataclass(frozen=True)
+class AttemptSpans:
+    """What a span sink is given: the spans of attempt ``attempt_id`` whose end was just recorded."""
+
+    job_id: int
+    attempt_id: int
+    trace_id: str
+    attempt_span_id: str
+    spans: Sequence[BodySpan]
+
+
+SpanSink = Callable[[AttemptSpans], None]
+# Job ids → the span id their attempt spans hang under (ids it does not know are left out).
+SpanParents = Callable[[Sequence[int]], Mapping[int, str]]
+
 _beat_tasks: dict[str, BeatTask] = {}
 _on_cancel: dict[str, Callable[..., Any]] = {}
 _on_transition: dict[str, OnTransition] = {}
+_span_sinks: dict[str, SpanSink] = {}
+_span_parents: dict[str, SpanParents] = {}
 _review_gate: ReviewGate | None = None
 
 
@@ -133,6 +174,43 @@ def run_on_transition(transitions: Sequence[Transition]) -> None:
         return
     for callback in list(_on_transition.values()):
         callback(transitions)
+
+
+def register_span_sink(name: str, sink: SpanSink) -> None:
+    """``sink(attempt_spans)``, called inside the transaction that records the attempt's end, only
+    when that end landed (a fenced-out attempt's spans describe work someone else's outcome
+    replaced). If it raises, the end is rolled back with it."""
+    _span_sinks[name] = sink
+
+
+def unregister_span_sink(name: str) -> None:
+    _span_sinks.pop(name, None)
+
+
+def wants_spans() -> bool:
+    return bool(_span_sinks)
+
+
+def record_spans(spans: AttemptSpans) -> None:
+    for sink in list(_span_sinks.values()):
+        sink(spans)
+
+
+def register_span_parents(name: str, resolver: SpanParents) -> None:
+    """``resolver(job_ids)`` → {job_id: parent span id} for the jobs whose attempts hang under a
+    span of another's (a workflow's step span); called where attempt spans are stored."""
+    _span_parents[name] = resolver
+
+
+def unregister_span_parents(name: str) -> None:
+    _span_parents.pop(name, None)
+
+
+def span_parents(job_ids: Sequence[int]) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for resolver in list(_span_parents.values()):
+        found.update(resolver(job_ids))
+    return found
 
 
 def register_review_gate(gate: ReviewGate) -> None:

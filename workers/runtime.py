@@ -203,6 +203,7 @@ class WorkerRuntime:
             db_wait_seconds=ctx.waits["db"],
             storage_wait_seconds=ctx.waits["storage"],
             usage=ctx.usage or None,
+            spans=ctx.spans.finished(),
         )
         if isinstance(ending, outcomes.Raised) and ending.classification is outcomes.Classification.CONNECTION_LOST:
             connection.close()  # the session is broken: the report (or the next job) opens a new one

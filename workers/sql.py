@@ -912,3 +912,32 @@ COUNT_HELD = "SELECT count(*) FROM workers_job WHERE state = 'running' AND lease
 
 # Is any job due on the queues in %s? One index probe (job_queued_due_idx): the idle poller's cost.
 ANY_DUE = "SELECT EXISTS (SELECT 1 FROM workers_job WHERE state = 'queued' AND queue = ANY(%s) AND scheduled_at <= now())"
+
+
+# -- the attempts' spans (traces.services.record_attempt_spans) -------------------------------------
+
+# Store a span for every finished attempt of the jobs in %(job_ids)s that has none yet: run inside
+# the transaction that records their transition (the on-transition hook), so an attempt's span
+# commits with its end. One statement for the batch, whatever the path that ended the attempt
+# (its own report, the reaper's orphaned mark, a cancel, a requeue): the attempt row is the fact.
+# The span id is workers.spans.attempt_span_id computed here, sha256("trace:job:lease_token")'s
+# first 16 hex (tests/integration/test_traces.py holds the two equal); the unique (attempt,
+# span_id) makes a second store of the same attempt (a repeated hook, an earlier attempt seen
+# again with a later transition) a no-op, so no attempt ever has two spans. %(parents)s is a JSON
+# object job id → parent span id (workers.hooks.span_parents; '{}' when nobody says).
+INSERT_ATTEMPT_SPANS = """
+INSERT INTO traces_span
+    (job_id, attempt_id, trace_id, span_id, parent_id, kind, name, started_at, ended_at, attributes, usage, error)
+SELECT j.id, a.id, j.trace_id,
+       left(encode(sha256(convert_to(j.trace_id || ':' || j.id || ':' || a.lease_token, 'UTF8')), 'hex'), 16),
+       COALESCE(%(parents)s::jsonb ->> j.id::text, ''), 'attempt', j.kind, a.started_at, a.finished_at,
+       jsonb_build_object(
+           'koala.job.id', j.id, 'koala.job.kind', j.kind, 'koala.job.version', j.version,
+           'koala.queue', j.queue, 'koala.attempt.number', a.number, 'koala.attempt.outcome', a.outcome,
+           'koala.worker.id', a.worker_id),
+       a.usage,
+       CASE WHEN a.outcome IN ('retry', 'failed', 'orphaned') THEN COALESCE(NULLIF(a.error_class, ''), a.outcome) ELSE '' END
+FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+WHERE a.job_id = ANY(%(job_ids)s) AND a.finished_at IS NOT NULL
+ON CONFLICT (attempt_id, span_id) DO NOTHING
+"""

@@ -40,8 +40,9 @@ from django.db import connection, transaction
 from koala.redaction import redact_text
 from workers import doorbell, hooks, outcomes, sql
 from workers.errors import Rejection
-from workers.hooks import Transition
+from workers.hooks import AttemptSpans, BodySpan, Transition
 from workers.models import FailureReason, JobState, Outcome, ParkReason
+from workers.spans import attempt_span_id
 
 if TYPE_CHECKING:
     from workers.models import Job
@@ -57,6 +58,9 @@ class Report:
     db_wait_seconds: float = 0.0
     storage_wait_seconds: float = 0.0
     usage: dict[str, Any] | None = None
+    # The spans the body recorded (ctx.span, the ledger's operations, an HTTP worker's report):
+    # handed to the span sinks (workers.hooks) in the ending's transaction, if it lands.
+    spans: tuple[BodySpan, ...] = ()
 
 
 # -- the fence's answer --------------------------------------------------------------------------------
@@ -160,13 +164,17 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
 
     One fenced statement; with an app listening for transitions, that statement and the app's
     callbacks share one transaction (a callback that raises undoes the ending, and the caller
-    sees the error). A released attempt used nothing, so its row records only the outcome: the
+    sees the error); the body's spans go to the span sinks in that transaction too. A released
+    attempt used nothing, so its row records only the outcome: the
     report is dropped for it, as it always was.
     """
     outcome = outcome_of(decision)
     if outcome is None:
         return None
     statement, values = _statement(decision)
+    # The body's spans are kept whatever the ending (a released attempt's body did run, up to
+    # its safe point); what it used is not, for a released attempt (as it always was).
+    spans = report.spans if report is not None and hooks.wants_spans() else ()
     if isinstance(decision, outcomes.Release):
         report = None
     report = report or Report()
@@ -182,7 +190,7 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
         "db_wait_seconds": report.db_wait_seconds,
         "storage_wait_seconds": report.storage_wait_seconds,
     }
-    if hooks.wants_transitions():
+    if hooks.wants_transitions() or spans:
         with transaction.atomic():
             row = _execute(statement, params)
             if row is not None:
@@ -190,6 +198,17 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
                 if isinstance(decision, outcomes.Complete):
                     change = dataclasses.replace(change, result=decision.result, state_delta=dict(decision.state_delta or {}))
                 hooks.run_on_transition([change])
+                if spans:
+                    span_id = attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
+                    hooks.record_spans(
+                        AttemptSpans(
+                            job_id=lease.job_id,
+                            attempt_id=lease.attempt_id,
+                            trace_id=lease.trace_id,
+                            attempt_span_id=span_id,
+                            spans=spans,
+                        )
+                    )
     else:
         row = _execute(statement, params)  # one statement, its own commit: the hot path's cost
     if row is not None:

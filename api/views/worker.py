@@ -258,7 +258,11 @@ def fail(request: HttpRequest, principal: Principal, data: dict[str, Any], lease
     retry_after = http.number(data, "retry_after", minimum=0, maximum=86400)
     body_started = http.boolean(data, "body_started", default=True)
     safe_point = http.boolean(data, "safe_point", default=False)
+    spans = data.get("spans") or []
+    if not isinstance(spans, list):
+        raise invalid("spans", "must be a list")
     held = _held(principal, data, lease_id)
+    checked = protocol.check_spans(spans, step_span=protocol.span_id_of(held.lease))
     outcome = protocol.fail(
         held=held,
         classification=classification,
@@ -267,6 +271,7 @@ def fail(request: HttpRequest, principal: Principal, data: dict[str, Any], lease
         retry_after=retry_after,
         body_started=body_started,
         safe_point=safe_point,
+        spans=checked,
     )
     return JsonResponse({"outcome": outcome})
 

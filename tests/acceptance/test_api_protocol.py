@@ -15,7 +15,8 @@ import pytest
 from koala.models import AuditEvent
 from tests.support.api_server import ApiServer, ProtocolWorker, make_key
 from tests.support.fleet import snapshot
-from workers.models import Attempt, Job, JobState, Outcome, Span, WorkerProcess
+from traces.models import Span
+from workers.models import Attempt, Job, JobState, Outcome, WorkerProcess
 from workers.services import jobs, pauses
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # a uvicorn subprocess

@@ -26,7 +26,8 @@ from tests.conftest import REPO, wait_for
 from tests.support.api_server import ApiServer
 from tests.support.fleet import assert_engine_invariants, attempts, wait_all_terminal, wait_state
 from tests.support.sdk import NODE_WORKER, SDK_SRC
-from workers.models import Job, JobState, Operation, OperationState, Outcome, Span, WorkerProcess
+from traces.models import Span
+from workers.models import Job, JobState, Operation, OperationState, Outcome, WorkerProcess
 from workers.services import jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # a live server reads the rows

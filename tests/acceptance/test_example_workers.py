@@ -31,7 +31,8 @@ from django.conf import settings
 from tests.conftest import REPO, database_url_for_subprocess, wait_for
 from tests.support.api_server import ApiServer
 from tests.support.doc_commands import Block, blocks, example_documents, example_session
-from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState, Span
+from traces.models import Span
+from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState
 
 # transaction=True: the server, scripts/manage and the worker are other processes and must see the rows.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

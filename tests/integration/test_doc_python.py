@@ -31,6 +31,7 @@ from exports.models import Account, Export, ExportState
 from reviews.models import ReviewRequest
 from tests.inprocess import run_export, run_until
 from tests.support.doc_python import Session, declared_kinds, python_documents, relative, runnable_python_blocks, session
+from traces.selectors import spans_of_job
 from workers.models import Budget, Job, JobState, Operation, OperationState, Resolution
 from workers.services import operations
 
@@ -94,6 +95,13 @@ def test_engine_report_kind_sends_and_a_missing_report_fails_for_good(
     job = run_until(run["created"].job_id, JobState.SUCCEEDED)
     assert (job.result, job.run_state, job.attempts) == ({"sent": True}, {"sent_chunks": 3}, 1)
     assert job.usage.get("requests") == 3
+    # "a span of the job's trace": one per chunk, under the attempt's span.
+    [attempt] = spans_of_job(job_id=job.pk)
+    assert [(child.name, child.attributes["index"]) for child in attempt.children] == [
+        ("report.chunk", 0),
+        ("report.chunk", 1),
+        ("report.chunk", 2),
+    ]
     missing = run["send_report"].enqueue({"report_id": "r-404", "recipient": "ana@example.com"})
     failed = run_until(missing.job_id, JobState.FAILED)
     assert (failed.failure_reason, failed.error_class, failed.attempts) == ("terminal", "TerminalFailure:unknown_report", 1)

@@ -64,9 +64,11 @@ def test_a_steps_lease_carries_its_step_its_parents_outputs_the_run_and_a_stable
     assert payload["run"] == {"id": run.pk, "state": {"k": 1}, "correlation_id": run.trace_id}
     assert payload["state"] == {"k": 1} and payload["trace_id"] == services.trace_id_of(run.pk)
     assert payload["idempotency_key"] == f"koala-run-{run.pk}-b"
-    # The step span is one per (run, step): the same id on a retry's lease.
+    # Each attempt is its own span of the run's trace (workers.spans.attempt_span_id): a retry's
+    # lease has another span id, never a second span under the first one's id.
     retried = dataclasses.replace(b, lease_token=b.lease_token + 5, attempt_id=b.attempt_id + 5, attempts=2)
-    assert span_id_of(b) == span_id_of(retried) != span_id_of(a)
+    assert len({span_id_of(a), span_id_of(b), span_id_of(retried)}) == 3
+    assert retried.trace_id == b.trace_id == a.trace_id
 
 
 def test_two_workers_racing_one_step_have_one_winner_and_the_losers_report_changes_nothing(tmp_path: Path) -> None:

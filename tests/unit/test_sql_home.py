@@ -44,7 +44,7 @@ SHIPPED_APPS = tuple(
 )
 ENGINE_HOME = "workers.sql"
 # The apps with a home of their own, for statements touching only their own tables.
-APP_HOMES = ("reviews.sql", "exports.sql")
+APP_HOMES = ("reviews.sql", "exports.sql", "traces.sql")
 
 # Methods that hand their first argument to PostgreSQL as SQL (psycopg's cursor and connection,
 # Django's cursor and Manager.raw, psycopg's low-level pq connection).

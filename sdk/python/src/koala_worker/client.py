@@ -212,8 +212,11 @@ class Client:
         retry_after: float | None = None,
         body_started: bool | None = None,
         safe_point: bool | None = None,
+        spans: list[dict[str, Any]] | None = None,
     ) -> str:
         body: dict[str, Any] = {"classification": classification, "error_class": error_class, "message": message}
+        if spans:
+            body["spans"] = spans
         if retry_after is not None:
             body["retry_after"] = retry_after
         if body_started is not None:

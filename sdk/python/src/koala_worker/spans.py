@@ -43,6 +43,17 @@ def usage_of(model: str, input_tokens: int, output_tokens: int) -> dict[str, Any
     return usage
 
 
+def _attribute(value: Any) -> Any:
+    def scalar(item: Any) -> bool:
+        return isinstance(item, str | bool | int) or (isinstance(item, float) and item == item and abs(item) != float("inf"))
+
+    if isinstance(value, list | tuple) and len(value) <= 64 and all(scalar(item) for item in value):
+        return [item[:4096] if isinstance(item, str) else item for item in value]
+    if scalar(value):
+        return value[:4096] if isinstance(value, str) else value
+    return str(value)[:4096]
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -64,7 +75,9 @@ class Span:
         self.error = ""
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.attributes[str(key)] = value
+        """Koala takes strings, numbers, booleans and lists of them (OpenTelemetry's attribute
+        values); anything else is sent as its text, so one odd value never refuses the report."""
+        self.attributes[str(key)[:100]] = _attribute(value)
 
     def set_usage(self, *, model: str = "", input_tokens: int = 0, output_tokens: int = 0) -> None:
         """This span's own usage (replaces an earlier set_usage on it; children's usage adds on top)."""

@@ -309,7 +309,9 @@ class Worker:
             return
         except Exception as exc:
             if run.claim_report():
-                self._fail(run, **failure_payload(exc))
+                # The spans the body recorded up to the failure go with it (Koala stores them
+                # under the attempt's span, as on complete).
+                self._fail(run, **failure_payload(exc), spans=ctx.spans.wire())
             return
         if not run.claim_report():
             return  # released at the shutdown deadline, or lost: the outcome is not ours to report
