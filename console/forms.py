@@ -187,7 +187,7 @@ class JSONObjectField(forms.CharField):
     widget = forms.Textarea(attrs={"rows": 4, "cols": 60, "spellcheck": "false"})
 
     def to_python(self, value: Any) -> Any:
-        text = super().to_python(value)
+        text = super().to_python(value) or ""
         if not text.strip():
             return {}
         try:

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from flows.models import LIVE_RUN_STATES, Run, RunStep, Signal, StepState
 from koala.redaction import Redactor
-from workers import definitions, kinds
+from workers import definitions
+from workers import kinds as job_kinds
 from workers.models import Attempt, Job, JobState, Operation, Span, WorkerProcess
 
 
@@ -225,7 +226,7 @@ def run_redactor(run: Run) -> Redactor:
     definition = definitions.get(run.definition, run.version)
     step_kinds = {step.kind for step in definition.steps.values() if step.kind} if definition else set()
     declared: set[str] = set()
-    for kind in kinds.served():
+    for kind in job_kinds.served():
         if kind.name in step_kinds:
             declared.update(kind.sensitive_fields)
     redactor = Redactor.of(run.input, sensitive=declared).learn(run.run_state)
