@@ -40,7 +40,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO = Path(__file__).resolve().parents[2]
 # Each document with Python blocks, and the tests below that run them.
-RUN_HERE = {"README.md", "docs/engine.md", "docs/exports.md", "docs/redaction.md", "docs/safety.md", "docs/workflows.md", "sdk/python/README.md"}
+RUN_HERE = {
+    "README.md",
+    "docs/engine.md",
+    "docs/exports.md",
+    "docs/redaction.md",
+    "docs/safety.md",
+    "docs/workflows.md",
+    "sdk/python/README.md",
+}
 
 
 @pytest.fixture
