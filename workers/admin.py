@@ -154,7 +154,8 @@ class AttemptAdmin(JobDataAdmin):
 
 @admin.register(Span)
 class SpanAdmin(JobDataAdmin):
-    """An attempt's trace: the step span Koala opened and the spans an HTTP worker's body sent."""
+    """An attempt's trace as stored before the traces app (traces_span holds the new ones): the
+    step span Koala opened and the spans an HTTP worker's body sent."""
 
     list_display = ["id", "job", "attempt", "span_name", "span_id", "parent_id", "started_at", "ended_at"]
     list_select_related = ["job", "attempt"]

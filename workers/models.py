@@ -329,8 +329,10 @@ class WorkerProcess(models.Model):
 
 
 class Span(models.Model):
-    """One span of an attempt's trace: the step span Koala opened for the attempt (no parent) and
-    the spans an HTTP worker's body recorded under it. ``usage`` is the span's own (exclusive of
+    """One span of an attempt's trace, as the worker API stored them before the ``traces`` app
+    (``traces.models.Span``, filled through workers.hooks) took over: kept, not written any more.
+    The step span Koala opened for the attempt (no parent) and the spans an HTTP worker's body
+    recorded under it. ``usage`` is the span's own (exclusive of
     its children); the step's usage is the sum over its spans unless the body set it explicitly."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="spans")
