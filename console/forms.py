@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 from zoneinfo import available_timezones
 
@@ -12,7 +13,9 @@ from django.utils import timezone
 
 from console.selectors.jobs import JobFilter
 from console.services import ACTIONS
-from workers import kinds
+from flows.models import RunState
+from workers import definitions, kinds
+from workers.definitions import MAX_RUN_INPUT_BYTES, MAX_SIGNAL_PAYLOAD_BYTES
 from workers.errors import JobStateError
 from workers.models import FailureReason, JobState, ParkReason, PauseMode, Scope
 
@@ -173,3 +176,57 @@ class PriceForm(forms.Form):
     model = forms.CharField(max_length=100)
     input_minor_per_mtok = forms.IntegerField(min_value=0, label="Input (minor units / 1M tokens)")
     output_minor_per_mtok = forms.IntegerField(min_value=0, label="Output (minor units / 1M tokens)")
+
+
+# -- workflow runs (console/views/runs.py): shapes only; flows.services decides and names what is wrong --
+
+
+class JSONObjectField(forms.CharField):
+    """A JSON object typed into a text area ("" is {}): anything else is the field's own error."""
+
+    widget = forms.Textarea(attrs={"rows": 4, "cols": 60, "spellcheck": "false"})
+
+    def to_python(self, value: Any) -> Any:
+        text = super().to_python(value) or ""
+        if not text.strip():
+            return {}
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError(f"a JSON object ({{…}}), not a {type(parsed).__name__}")
+        return parsed
+
+
+def definition_choices() -> list[tuple[str, str]]:
+    return [(name, name) for name in sorted({d.name for d in definitions.definitions()})]
+
+
+class RunFilterForm(forms.Form):
+    state = forms.ChoiceField(required=False, choices=[("", "any state"), *RunState.choices])
+    definition = forms.CharField(required=False, max_length=60)
+    before = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput)
+
+
+class StartRunForm(forms.Form):
+    definition = forms.ChoiceField(choices=definition_choices)
+    version = forms.IntegerField(required=False, min_value=1, max_value=2**31 - 1, help_text="empty: the newest")
+    input = JSONObjectField(required=False, max_length=MAX_RUN_INPUT_BYTES * 2, label="input (a JSON object)")
+    idempotency_key = forms.CharField(required=False, max_length=200, help_text="the same key and input start one run")
+
+
+class SignalForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    key = forms.CharField(max_length=200, help_text="deduplicates: the same key twice is one signal")
+    payload = JSONObjectField(required=False, max_length=MAX_SIGNAL_PAYLOAD_BYTES * 2, label="payload (a JSON object)")
+
+
+class CancelRunForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=500)
+    confirm = forms.BooleanField(required=True, error_messages={"required": "Tick the box to confirm the cancel."})
+
+
+class MoveRunForm(forms.Form):
+    to_version = forms.IntegerField(min_value=1, max_value=2**31 - 1)
+    confirm = forms.BooleanField(required=True, error_messages={"required": "Tick the box to confirm the move."})

@@ -15,6 +15,8 @@ class Console(models.Model):
             ("view_operations", "Can view the Koala console: dashboard, jobs, failures, reviews, budgets"),
             ("operate", "Can pause/resume, retry/cancel/requeue jobs, resolve operations and edit budgets"),
             ("review", "Can approve or reject review requests"),
+            ("run_workflows", "Can start and cancel workflow runs and move stranded runs to another version"),
+            ("signal_runs", "Can send signals to workflow runs"),
         ]
 
     def __str__(self) -> str:

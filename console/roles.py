@@ -6,8 +6,9 @@ permissions of the table-less ``console.Console`` model. Superusers hold every p
 | group | may |
 | --- | --- |
 | operators | view; pause/resume; retry/cancel/requeue (one or in bulk); cancel exports (of their |
-|           | accounts); resolve uncertain operations; edit budgets and prices |
-| reviewers | view; approve/reject review requests |
+|           | accounts); resolve uncertain operations; edit budgets and prices; start, cancel and |
+|           | move workflow runs; send signals to runs |
+| reviewers | view; approve/reject review requests; send signals to runs |
 | auditors | view only |
 """
 
@@ -29,6 +30,8 @@ OPERATORS, REVIEWERS, AUDITORS = "operators", "reviewers", "auditors"
 VIEW = "console.view_operations"
 OPERATE = "console.operate"
 REVIEW = REVIEW_PERMISSION  # reviews.services decides who may review with the same permission
+RUN_WORKFLOWS = "console.run_workflows"  # start, cancel, move a stranded run to another version
+SIGNAL_RUNS = "console.signal_runs"  # send a signal to a run (a reviewer's approval is one)
 
 View = Callable[..., HttpResponse]
 

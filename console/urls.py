@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import attention, budgets, dashboard, exports, jobs, pauses
+from console.views import attention, budgets, dashboard, exports, jobs, pauses, runs
 
 app_name = "console"
 
@@ -26,4 +26,11 @@ urlpatterns = [
     path("budgets/<int:budget_id>/", budgets.budget_detail, name="budget"),
     path("budgets/<int:budget_id>/update/", budgets.budget_update, name="budget_update"),
     path("prices/", budgets.price_set, name="price_set"),
+    path("runs/", runs.run_list, name="runs"),
+    path("runs/start/", runs.run_start, name="run_start"),
+    path("runs/stranded/", runs.stranded, name="stranded"),
+    path("runs/<int:run_id>/", runs.run_detail, name="run"),
+    path("runs/<int:run_id>/signal/", runs.run_signal, name="run_signal"),
+    path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
+    path("runs/<int:run_id>/move/", runs.run_move, name="run_move"),
 ]

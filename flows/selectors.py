@@ -15,7 +15,9 @@ from typing import Any
 from django.utils import timezone
 
 from flows.models import LIVE_RUN_STATES, Run, RunStep, Signal, StepState
+from koala.redaction import Redactor
 from workers import definitions
+from workers import kinds as job_kinds
 from workers.models import Attempt, Job, JobState, Operation, WorkerProcess
 from workers.spans import attempt_span_id
 
@@ -215,6 +217,27 @@ def run_view(run_id: int) -> RunView | None:
         usage=total_usage,
         cost_minor=total_cost,
     )
+
+
+def run_redactor(run: Run) -> Redactor:
+    """The redaction context of a stored run: what every page and command about it masks.
+
+    The sensitive fields its steps' kinds declare (at the run's version; a step's kind not served
+    here borrows every served version's declarations, as ``kinds.job_redactor`` does), the values
+    under them and under the always-sensitive keys in the run's input, its state and its signals'
+    payloads (a secret a step put in the state, or a signal carried, is masked wherever it repeats)."""
+    definition = definitions.get(run.definition, run.version)
+    step_kinds = {step.kind for step in definition.steps.values() if step.kind} if definition else set()
+    declared: set[str] = set()
+    for kind in job_kinds.served():
+        if kind.name in step_kinds:
+            declared.update(kind.sensitive_fields)
+    redactor = Redactor.of(run.input, sensitive=declared).learn(run.run_state)
+    for payload in Signal.objects.filter(run=run).values_list("payload", flat=True):
+        redactor = redactor.learn(payload)
+    for state_after in RunStep.objects.filter(run=run, state_after__isnull=False).values_list("state_after", flat=True):
+        redactor = redactor.learn(state_after)
+    return redactor
 
 
 def list_runs(

@@ -158,3 +158,30 @@ def pay_charge(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
 def pay_receipt(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     _mark(ctx, data)
     return {"receipt_for": ctx.steps["charge"]}
+
+
+# A run whose input carries a secret (``api_key`` is always sensitive): the body records a span
+# naming it, repeats it in the state, its output and an error, and the console's journal must
+# mask it everywhere (tests/integration/test_console_runs.py).
+secretive = workflow("secretive", version=1, required_fields={"log", "api_key"})
+
+
+@secretive.step("use")
+def secretive_use(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    _mark(ctx, data)
+    with ctx.span("lookup", note=f"called with {data['api_key']}") as span:
+        with ctx.span("inner", depth="two"):
+            pass
+        span.add_usage(input_tokens=12, output_tokens=3)
+    ctx.add_usage(input_tokens=12, output_tokens=3)
+    ctx.set_state(echo=f"key was {data['api_key']}")
+    return {"said": data["api_key"]}
+
+
+secretive.wait("go", event="go", after=["use"], timeout_seconds=3600)
+
+
+@secretive.step("fail", after=["go"], max_attempts=1)
+def secretive_fail(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    _mark(ctx, data)
+    raise ValueError(f"refused {data['api_key']}")

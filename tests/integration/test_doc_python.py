@@ -40,7 +40,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO = Path(__file__).resolve().parents[2]
 # Each document with Python blocks, and the tests below that run them.
-RUN_HERE = {"README.md", "docs/engine.md", "docs/exports.md", "docs/redaction.md", "docs/safety.md", "sdk/python/README.md"}
+RUN_HERE = {
+    "README.md",
+    "docs/engine.md",
+    "docs/exports.md",
+    "docs/redaction.md",
+    "docs/safety.md",
+    "docs/workflows.md",
+    "sdk/python/README.md",
+}
 
 
 @pytest.fixture
@@ -266,3 +274,43 @@ def test_sdk_readme_worker_is_the_example_file(run_doc: Callable[[str], Session]
     [block] = runnable_python_blocks(REPO / "sdk/python/README.md")
     assert "\n".join(block.lines) + "\n" == (REPO / "examples/python-worker/worker.py").read_text()
     assert callable(run["main"]) and callable(run["send_invoice"])  # served by tests/acceptance/test_example_workers.py
+
+
+# -- docs/workflows.md ---------------------------------------------------------------------------
+
+
+def test_workflows_support_ticket_classifies_drafts_waits_for_the_reviewer_and_emails_once(
+    run_doc: Callable[[str], Session], provider: FakeProvider, mailoutbox: list[Any], redis_clean: None
+) -> None:
+    from flows.models import Run, RunStep, Signal
+    from tests.inprocess import drain_until
+
+    run = run_doc("docs/workflows.md")
+    started = run["run"]
+    assert run["answer"].outcome == "buffered"  # sent before the run reached its wait
+    done = drain_until(
+        lambda: (r := Run.objects.get(pk=started.pk)).state in ("succeeded", "failed", "cancelled") and r, what="the ticket's run"
+    )
+    assert done.state == "succeeded", done.error
+    steps = {row.name: row for row in RunStep.objects.filter(run=done)}
+    assert {name: row.state for name, row in steps.items()} == dict.fromkeys(("classify", "draft", "review", "send"), "succeeded")
+    assert steps["review"].output == {"reviewer": "bob"} and Signal.objects.get(run=done).status == "consumed"
+    assert steps["send"].output["approved_by"] == "bob"
+    assert done.run_state["replied"] is True and done.run_state["label"].startswith("[m-small]")
+    # The model was asked twice (classify, draft), the email went out once, each under its run's key.
+    assert len(provider.requests("completions")) == 2
+    [message] = mailoutbox
+    assert message.to == ["ana@example.com"] and message.subject == "Re: ticket T-1042"
+    assert message.body.strip() == steps["draft"].output["draft"]
+    email_op = Operation.objects.get(job_id=steps["send"].job_id)
+    assert (email_op.kind, email_op.state, email_op.key) == ("email", "succeeded", f"koala-run-{done.pk}-send:email")
+    # "the same key makes a retried start the same run"
+    again = run["services"].start_run(definition="support_ticket", input=done.input, idempotency_key="ticket-T-1042", actor="x")
+    assert not again.created and again.run.pk == done.pk
+    # The first block's definition runs too: its wait resumed by a signal, and the last step sees it.
+    hello = run["services"].start_run(definition="hello_flow", input={"name": "Ana"}, actor="doc")
+    drain_until(lambda: RunStep.objects.filter(run=hello.run, name="ack", state="waiting").exists(), what="hello's wait")
+    run["services"].send_signal(run_id=hello.run.pk, name="hello.ack", key="a1", payload={"ok": True}, actor="doc")
+    finished = drain_until(lambda: (r := Run.objects.get(pk=hello.run.pk)).state == "succeeded" and r, what="hello's run")
+    assert RunStep.objects.get(run=finished, name="log").output == {"greeting": "Hello, Ana!", "ack": {"ok": True}}
+    ran_every_declared_kind(run)

@@ -68,6 +68,7 @@ def test_a_steps_lease_carries_its_step_its_parents_outputs_the_run_and_a_stable
     retried = dataclasses.replace(b, lease_token=b.lease_token + 5, attempt_id=b.attempt_id + 5, attempts=2)
     assert len({span_id_of(a), span_id_of(b), span_id_of(retried)}) == 3
     assert payload["span_id"] == span_id_of(b)
+    assert retried.trace_id == b.trace_id == a.trace_id
 
 
 def test_two_workers_racing_one_step_have_one_winner_and_the_losers_report_changes_nothing(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ def ensure_roles() -> None:
     importlib.import_module("console.migrations.0001_roles").create_roles(apps, None)
     importlib.import_module("console.migrations.0002_safety_layer_roles").grant(apps, None)
     importlib.import_module("console.migrations.0003_exports_read_roles").grant(apps, None)
+    importlib.import_module("console.migrations.0004_workflow_roles").grant(apps, None)
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ namespace per document, so a later block uses what an earlier one defined. Two s
 - any other block is code of the session, compiled with the document's name and line numbers, so
   a traceback points at the document.
 
-The kinds a document's blocks declare (``@job_kind``) are registered while its session lasts and
-dropped afterwards; the test that runs the session enqueues and drains their jobs.
+The kinds and workflows a document's blocks declare (``@job_kind``, ``workflow(...)``) are
+registered while its session lasts and dropped afterwards; the test that runs the session enqueues and drains their jobs.
 """
 
 from __future__ import annotations
@@ -114,9 +114,10 @@ def fresh(name: str) -> Iterator[None]:
 def session(path: Path, folder: Path) -> Iterator[Session]:
     """A document's session: its namespace, its module folder on sys.path, and afterwards every
     kind it declared dropped and every module it wrote forgotten."""
-    from workers import kinds
+    from workers import definitions, kinds
 
     before = {(k.name, k.version) for k in kinds.served()}
+    workflows_before = {(d.name, d.version) for d in definitions.definitions()}
     name = "doc_" + re.sub(r"\W", "_", relative(path).removesuffix(".md"))
     module = types.ModuleType(name)
     sys.modules[name] = module  # the module functions defined in the blocks say they are in
@@ -131,6 +132,9 @@ def session(path: Path, folder: Path) -> Iterator[Session]:
         for dotted in list(sys.modules):
             if dotted.split(".")[0] in {d.split(".")[0] for d in run.modules}:
                 sys.modules.pop(dotted, None)
+        for definition in definitions.definitions():
+            if (definition.name, definition.version) not in workflows_before:
+                definitions.forget(definition.name, definition.version)  # its steps' kinds with it
         for kind in kinds.served():
             if (kind.name, kind.version) not in before:
                 kinds.unregister(kind.name, kind.version)
