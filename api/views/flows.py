@@ -230,11 +230,11 @@ def signal_run(request: HttpRequest, principal: Principal, run_id: int) -> HttpR
     data = http.json_body(request)
     _fields(data, {"name", "key", "payload"})
     # The core names what is wrong with a signal (bad_signal, signal_too_large): passed as given.
+    name: Any = data.get("name")
+    key: Any = data.get("key")
     run_id = _run_or_404(run_id, principal)
     try:
-        answer = services.send_signal(
-            run_id=run_id, name=data.get("name"), key=data.get("key"), payload=data.get("payload"), actor=principal.actor
-        )
+        answer = services.send_signal(run_id=run_id, name=name, key=key, payload=data.get("payload"), actor=principal.actor)
     except errors.FlowError as exc:
         raise flow_error(exc) from None
     return JsonResponse({"run_id": run_id, "outcome": answer.outcome, "signal_id": answer.signal_id})
