@@ -30,7 +30,7 @@ from django.utils.dateparse import parse_datetime
 from api.http import ApiError, invalid
 from api.keys import Principal, require_serves
 from koala import redaction
-from workers import kinds, outcomes, sql, targets, transitions
+from workers import definitions, kinds, outcomes, sql, targets, transitions
 from workers.context import JobContext
 from workers.errors import (
     Declined,
@@ -122,10 +122,19 @@ def register(
     kind_queues: set[str] = set()
     for kind_name, version, kind_steps in served_kinds:
         kind = kinds.get(kind_name, version)
+        if kind is None and definitions.versions(kind_name):
+            # A workflow's definition: the steps it names become the kinds it serves.
+            for contract, step in _definition_kinds(kind_name, version, kind_steps):
+                pairs.append(contract.key)
+                steps[contract.key] = (step,)
+                kind_queues.add(contract.queue)
+            continue
         if kind is None:
             known = sorted(k.key for k in kinds.served())
             raise ApiError(
-                400, "unknown_kind", f"kinds: {kind_name}@{version} is not a kind Koala knows; known: {', '.join(known)}"
+                400,
+                "unknown_kind",
+                f"kinds: {kind_name}@{version} is not a kind or workflow Koala knows; known kinds: {', '.join(known)}",
             )
         pairs.append(kind.key)
         steps[kind.key] = tuple(kind_steps)
@@ -167,6 +176,30 @@ def register(
     with _registrations_lock:
         _registrations[worker_id] = (time.monotonic(), registration)
     return registration
+
+
+def _definition_kinds(name: str, version: int, named: Sequence[str]) -> list[tuple[kinds.JobKind, str]]:
+    """The step kinds a worker serving workflow ``name@version`` registers: the steps it names
+    (every step a worker can serve when it names none), each a step of that version with a kind
+    (a wait is resolved by signals, never by a worker). Named errors otherwise, nothing stored."""
+    definition = definitions.get(name, version)
+    if definition is None:
+        known = ", ".join(map(str, definitions.versions(name)))
+        raise ApiError(400, "unknown_version", f"kinds: workflow {name!r} has no version {version} here (versions: {known})")
+    servable = {step.name: step for step in definition.steps.values() if step.kind}
+    chosen = list(dict.fromkeys(named)) or [step.name for step in servable.values() if step.remote] or list(servable)
+    found: list[tuple[kinds.JobKind, str]] = []
+    for step_name in chosen:
+        step = servable.get(step_name)
+        contract = kinds.get(step.kind, version) if step is not None else None
+        if step is None or contract is None:
+            raise ApiError(
+                400,
+                "unknown_step",
+                f"kinds: {definition.key} has no step {step_name!r} a worker serves (its steps: {', '.join(servable)})",
+            )
+        found.append((contract, step_name))
+    return found
 
 
 def registration(*, worker_id: str, key_prefix: str) -> Registration:

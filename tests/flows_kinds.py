@@ -185,3 +185,35 @@ secretive.wait("go", event="go", after=["use"], timeout_seconds=3600)
 def secretive_fail(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
     _mark(ctx, data)
     raise ValueError(f"refused {data['api_key']}")
+
+
+# Workflows served over HTTP (tests/acceptance/test_flows_http.py): the steps' bodies live in SDK
+# workers (tests/support/flow_worker.py), their contracts here.
+# ``hfan``: the fan-out/fan-in of ``fan``, every step remote; version 2 has the same steps.
+for _version in (1, 2):
+    _h = workflow("hfan", version=_version, required_fields={"log"})
+    _h.remote_step("a", max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+    _h.remote_step("b", after=["a"], max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+    _h.remote_step("c", after=["a"], max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+    _h.remote_step("d", after=["b", "c"], max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+
+# ``hmix``: ``a`` has its body here (an RQ worker runs it), ``b``, ``c`` and ``d`` are remote.
+hmix = workflow("hmix", version=1, required_fields={"log"})
+
+
+@hmix.step("a")
+def hmix_a(ctx: JobContext, data: dict[str, Any]) -> dict[str, Any]:
+    _mark(ctx, data)
+    ctx.set_state(stage="a", a=1, runtime="rq")
+    return {"step": "a", "seen": sorted(ctx.steps), "pid": os.getpid()}
+
+
+hmix.remote_step("b", after=["a"])
+hmix.remote_step("c", after=["a"])
+hmix.remote_step("d", after=["b", "c"])
+
+# ``hwait``: a remote step, a wait for ``go``, then a remote step; signals and cancels over HTTP.
+hwait = workflow("hwait", version=1, required_fields={"log"})
+hwait.remote_step("work", max_attempts=2, backoff_base=0.05, backoff_cap=0.1)
+hwait.wait("gate", event="go", after=["work"], timeout_seconds=3600)
+hwait.remote_step("finish", after=["gate"])

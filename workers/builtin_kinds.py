@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers import JobContext, Retryable, TerminalFailure, doorbell, job_kind, remote_kind
+from workers import JobContext, Retryable, TerminalFailure, doorbell, job_kind, remote_kind, workflow
 
 
 @job_kind("noop", version=1, queue="default", max_attempts=3, timeout_seconds=30)
@@ -85,3 +85,11 @@ remote_kind(
     timeout_seconds=60.0,
     required_fields={"invoice", "amount_minor", "currency"},
 )
+
+# A workflow whose two steps run in HTTP workers: examples/node-worker serves both. ``greet``
+# answers a greeting for the run's input ``name`` (and sets ``greeted`` in the run's state);
+# ``shout`` follows it and sees its output in the lease's ``steps``. Start a run with
+# ``POST /api/v1/runs {"definition": "http_hello", "input": {"name": "Ada"}}``.
+hello = workflow("http_hello", version=1, required_fields={"name"})
+hello.remote_step("greet", max_attempts=3, timeout_seconds=60.0)
+hello.remote_step("shout", after=["greet"], max_attempts=3, timeout_seconds=60.0)

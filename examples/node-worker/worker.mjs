@@ -13,6 +13,13 @@
 // that long (heartbeating meanwhile), so a long step, a cancel or a shutdown can be watched.
 // KOALA_NO_BODY=name@version,... : kinds registered (declared) but with no body in this process
 // (a deploy where the declaration runs ahead of the code): their leases are failed "unservable".
+//
+// KOALA_WORKFLOWS=name@version,... : workflows whose steps it serves (each declared on the server
+// with workers.workflow and remote_step). It registers {name, version, steps} for the steps it has
+// bodies for (STEP_BODIES); a lease of a step carries "step", "steps" (the earlier steps' outputs
+// by name), "state" (the run's state) and "run"; the body returns the step's output and a state
+// delta, which complete sends as "state_delta" (merged into the run's state by top-level key).
+// http_hello@1 (workers/builtin_kinds.py): "greet" then "shout".
 
 import os from "node:os";
 
@@ -30,6 +37,33 @@ const NO_BODY = new Set((process.env.KOALA_NO_BODY || "").split(",").map((s) => 
   .map((spec) => (spec.includes("@") ? spec : `${spec}@1`)));
 // The body table: what this process can actually run, by kind@version.
 const BODIES = new Map([...serves].filter((k) => !NO_BODY.has(k)).map((k) => [k, echoBody]));
+
+// Step bodies, by workflow and step: (input, signal, lease) -> {output, state}.
+const STEP_BODIES = {
+  http_hello: {
+    greet: async (input) => ({ output: { greeting: `Hello, ${input.name}!` }, state: { greeted: input.name } }),
+    shout: async (input, signal, lease) => ({
+      output: { shout: String(lease.steps.greet?.greeting || "").toUpperCase(), greeted: lease.state.greeted },
+      state: { shouted: true },
+    }),
+  },
+};
+const WORKFLOWS = (process.env.KOALA_WORKFLOWS || "").split(",").map((s) => s.trim()).filter(Boolean).map((spec) => {
+  const [name, version] = spec.split("@");
+  return { name, version: Number(version || 1), steps: Object.keys(STEP_BODIES[name] || {}) };
+});
+const flows = new Set(WORKFLOWS.map((w) => `${w.name}@${w.version}`));
+
+// The body of a lease: a workflow's step (its kind is "<workflow>.<step>") or a kind's.
+function bodyFor(lease) {
+  if (lease.step) {
+    const workflow = lease.kind.slice(0, -(lease.step.length + 1));
+    const step = flows.has(`${workflow}@${lease.version}`) ? STEP_BODIES[workflow]?.[lease.step] : undefined;
+    return step;
+  }
+  const kind = BODIES.get(`${lease.kind}@${lease.version}`);
+  return kind && (async (input, signal) => ({ output: await kind(input, signal) }));
+}
 
 const log = (...args) => console.log(new Date().toISOString(), "koala-node:", ...args);
 const sleep = (ms, signal) => new Promise((resolve) => {
@@ -93,11 +127,11 @@ async function register() {
   for (let failures = 1; !stopping; failures++) {
     try {
       reg = await call("/api/v1/workers/register", {
-        ...(NAME ? { name: NAME } : {}), hostname: os.hostname(), pid: process.pid, kinds: KINDS,
+        ...(NAME ? { name: NAME } : {}), hostname: os.hostname(), pid: process.pid, kinds: [...KINDS, ...WORKFLOWS],
         concurrency: CONCURRENCY, sdk: "koala-node-example/0.1",
       });
       workerId = reg.worker_id;
-      log(`registered as ${workerId} for ${[...serves].join(", ")}`);
+      log(`registered as ${workerId} for ${reg.kinds.join(", ")}`);
       return;
     } catch (err) {
       if (!(err instanceof ApiError) || !err.transient) throw err;
@@ -133,10 +167,11 @@ async function run(lease) {
   const entry = { lease, abort: new AbortController(), lost: false, reported: false, started: false };
   held.set(lease.lease_id, entry);
   try {
-    const body = BODIES.get(`${lease.kind}@${lease.version}`);
-    if (!body || lease.step) {
+    const body = bodyFor(lease);
+    if (!body) {
       entry.reported = true;
-      await report(lease, "fail", { classification: "unservable", error_class: "Unservable", message: `no body for ${lease.kind}@${lease.version}` });
+      const where = `${lease.kind}@${lease.version}${lease.step ? ` step ${lease.step}` : ""}`;
+      await report(lease, "fail", { classification: "unservable", error_class: "Unservable", message: `no body for ${where}` });
       return;
     }
     if (stopping) {
@@ -156,8 +191,8 @@ async function run(lease) {
         // transient: the next beat tries again, well inside the lease
       }
     }, every);
-    let output, failure;
-    try { output = await body(lease.input, entry.abort.signal); } catch (err) { failure = err; }
+    let result, failure;
+    try { result = await body(lease.input, entry.abort.signal, lease); } catch (err) { failure = err; }
     clearInterval(entry.beat);
     if (entry.lost || entry.reported) return; // lost (409 on a heartbeat) or given back at the deadline
     entry.reported = true;
@@ -167,7 +202,7 @@ async function run(lease) {
     } else if (failure) {
       await report(lease, "fail", { classification: "fatal", error_class: failure?.name || "Error", message: String(failure?.message || failure) });
     } else {
-      await report(lease, "complete", { output });
+      await report(lease, "complete", { output: result.output, ...(result.state ? { state_delta: result.state } : {}) });
     }
   } finally {
     clearInterval(entry.beat);

@@ -36,7 +36,7 @@ CHECKS = [
     response_schema_conformance,
     response_headers_conformance,
 ]
-EXAMPLES = 20  # per operation and mode: 12 operations x 2 modes x 20 calls stay well under a minute
+EXAMPLES = 20  # per operation and mode: 16 operations x 2 modes x 20 calls stay well under a minute
 
 
 def auth_for(case: Case, keys: dict[str, str]) -> dict[str, str]:
@@ -73,7 +73,7 @@ def generated(operation: Any, mode: GenerationMode, test: Callable[[Case], None]
 def test_every_generated_call_is_answered_as_the_document_says(api_server: ApiServer, api_keys: dict[str, str]) -> None:
     failures: list[str] = []
     operations = [result.ok() for result in SCHEMA.get_all_operations()]
-    assert len(operations) == 12
+    assert len(operations) == 16
     for operation in operations:
         # An operation with no parameters and no body (the document itself) has nothing to make invalid.
         negatable = bool(operation.definition.raw.get("parameters") or operation.definition.raw.get("requestBody"))
@@ -171,12 +171,51 @@ def test_one_job_through_every_call_is_answered_as_the_document_says(api_server:
     }
 
 
+def test_one_run_through_every_run_call_is_answered_as_the_document_says(api_server: ApiServer, api_keys: dict[str, str]) -> None:
+    url = api_server.url
+
+    def go(label: str, status: int, *, body: Any = None, **path: Any) -> Any:
+        response = send(label, api_keys, url, body=body, **path)
+        assert response.status_code == status, (label, response.status_code, response.text[:500])
+        return response.json() if response.content else None
+
+    body = {"definition": "http_hello", "input": {"name": "Ada"}, "idempotency_key": "spec-run-1"}
+    started = go("POST /api/v1/runs", 201, body=body)
+    assert (started["definition"], started["version"], started["created"]) == ("http_hello", 1, True)
+    assert go("POST /api/v1/runs", 200, body=body)["run_id"] == started["run_id"]
+    clash = go("POST /api/v1/runs", 400, body={**body, "input": {"name": "Bob"}})
+    assert clash["error"] == "idempotency_conflict"
+    assert go("POST /api/v1/runs", 400, body={"definition": "http_hello", "input": {}})["error"] == "bad_input"
+    assert go("POST /api/v1/runs", 400, body={"definition": "nope"})["error"] == "unknown_definition"
+    assert go("POST /api/v1/runs", 400, body={"definition": "http_hello", "version": 99})["error"] == "unknown_version"
+    run_id = started["run_id"]
+    shown = go("GET /api/v1/runs/{run_id}", 200, run_id=run_id)
+    assert [step["name"] for step in shown["steps"]] == ["greet", "shout"] and shown["steps"][0]["state"] == "queued"
+    signal = {"name": "note", "key": "n-1", "payload": {"x": 1}}
+    assert go("POST /api/v1/runs/{run_id}/signals", 200, body=signal, run_id=run_id)["outcome"] == "buffered"
+    assert go("POST /api/v1/runs/{run_id}/signals", 200, body=signal, run_id=run_id)["outcome"] == "duplicate"
+    big = {"name": "note", "key": "n-2", "payload": {"x": "y" * 20_000}}
+    assert go("POST /api/v1/runs/{run_id}/signals", 400, body=big, run_id=run_id)["error"] == "signal_too_large"
+    assert go("POST /api/v1/runs/{run_id}/cancel", 200, body={"reason": "spec"}, run_id=run_id) == {
+        "run_id": run_id,
+        "state": "cancelled",
+    }
+    assert go("POST /api/v1/runs/{run_id}/cancel", 400, body={}, run_id=run_id)["error"] == "run_finished"
+    late = {"name": "note", "key": "n-3"}
+    assert go("POST /api/v1/runs/{run_id}/signals", 200, body=late, run_id=run_id)["outcome"] == "rejected"
+    assert go("GET /api/v1/runs/{run_id}", 404, run_id=run_id + 1000)["error"] == "unknown_run"
+
+
 def test_every_path_answers_another_method_with_a_json_405(api_server: ApiServer, api_keys: dict[str, str]) -> None:
     for path, item in SCHEMA.raw_schema["paths"].items():
         [tag] = {t for operation in item.values() for t in operation["tags"]}
         key = {"Authorization": f"Bearer {api_keys[tag]}"} if tag in api_keys else {}  # the method is refused, not the key
         concrete = (
-            path.replace("{worker_id}", "w").replace("{lease_id}", "1").replace("{operation_id}", "1").replace("{job_id}", "1")
+            path.replace("{worker_id}", "w")
+            .replace("{lease_id}", "1")
+            .replace("{operation_id}", "1")
+            .replace("{job_id}", "1")
+            .replace("{run_id}", "1")
         )
         for method in {"GET", "POST", "PUT", "DELETE"} - {m.upper() for m in item}:
             answer = requests.request(method, api_server.url + concrete, headers=key, timeout=30)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,11 +29,12 @@ import psutil
 import pytest
 from django.conf import settings
 
+from flows.models import Run, RunStep
 from tests.conftest import REPO, database_url_for_subprocess, wait_for
 from tests.support.api_server import ApiServer
 from tests.support.doc_commands import Block, blocks, example_documents, example_session
 from traces.models import Span
-from workers.models import TERMINAL_STATES, Job, JobState, Operation, OperationState
+from workers.models import TERMINAL_STATES, Attempt, Job, JobState, Operation, OperationState
 
 # transaction=True: the server, scripts/manage and the worker are other processes and must see the rows.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -113,7 +115,8 @@ def served(ids: list[int], proc: subprocess.Popen[bytes], log: Path) -> list[Job
     return [Job.objects.get(pk=job_id) for job_id in ids]
 
 
-def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str, more: list[str]) -> None:
+    assert more == [], "the session is: the worker, the jobs, the listing"
     # The README shows the example in full.
     shown = [b for b in blocks(SDK_README) if b.language == "python"]
     assert ["\n".join(b.lines) + "\n" for b in shown] == [PYTHON_WORKER.read_text()]
@@ -133,16 +136,37 @@ def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str) -> N
     assert "succeeded" in row and " 1/5 " in row, listing
 
 
-def check_node_example(jobs: list[Job], data_dir: Path, listing: str) -> None:
+def check_node_example(jobs: list[Job], data_dir: Path, listing: str, more: list[str]) -> None:
     [echo] = jobs
     assert (echo.kind, echo.state, echo.attempts) == ("http.echo", JobState.SUCCEEDED, 1), echo.error_message
     assert echo.result == {"echo": {"hello": "node", "delay_ms": 500}}
     [row] = [line for line in listing.splitlines() if "http.echo" in line]
     assert "succeeded" in row, listing
+    # Then a run of http_hello, whose two steps the Node worker serves.
+    started, runs = more
+    run_id = int(re.search(r"run (\d+)", started).group(1))  # type: ignore[union-attr]
+    run = Run.objects.get(pk=run_id)
+    assert run.state == "succeeded" and run.run_state == {"greeted": "Ada", "shouted": True}, (run.state, run.error)
+    steps = {row.name: row for row in RunStep.objects.filter(run=run)}
+    assert steps["greet"].output == {"greeting": "Hello, Ada!"}
+    assert steps["shout"].output == {"shout": "HELLO, ADA!", "greeted": "Ada"}
+    workers = {a.worker_id for a in Attempt.objects.filter(job__run_id=run_id)}
+    assert len(workers) == 1 and workers == {a.worker_id for a in Attempt.objects.filter(job=echo)}
+    assert f"run {run_id}" in runs and "succeeded" in runs, runs
+
+
+def run_ended(more: list[str]) -> Callable[[], bool]:
+    """The runs a session's later blocks started (``run N …``) have ended."""
+
+    def ended() -> bool:
+        ids = [int(m) for text in more for m in re.findall(r"^run (\d+) of", text, re.M)]
+        return Run.objects.filter(pk__in=ids, state__in=("succeeded", "failed", "cancelled")).count() == len(ids)
+
+    return ended
 
 
 # Each example README, and what its session must have done.
-CHECKS: dict[str, Callable[[list[Job], Path, str], None]] = {
+CHECKS: dict[str, Callable[[list[Job], Path, str, list[str]], None]] = {
     "sdk/python/README.md": check_python_sdk_example,
     "examples/node-worker/README.md": check_node_example,
 }
@@ -154,7 +178,7 @@ def test_the_example_worker_serves_the_jobs_its_readme_enqueues(readme: Path, ap
     assert check is not None, f"{readme.relative_to(REPO)}: say here what its session must do"
     if check is check_node_example and shutil.which("node") is None:
         pytest.skip("node is not installed")
-    worker, enqueue, look = example_session(readme)
+    worker, enqueue, look, *later = example_session(readme)
     env = reader_env(tmp_path / "data")
     log = tmp_path / "worker.log"
     with worker_started(worker, env, api_server.url, log) as proc:
@@ -163,5 +187,10 @@ def test_the_example_worker_serves_the_jobs_its_readme_enqueues(readme: Path, ap
         assert ids, printed
         jobs = served(ids, proc, log)
         listing = typed(look, env, api_server.url)
-        check(jobs, tmp_path / "data", listing)
+        more: list[str] = []
+        for block in later:  # a run started, then its listing once it has ended
+            if more:
+                wait_for(run_ended(more), timeout=60, what="the session's runs to end")
+            more.append(typed(block, env, api_server.url))
+        check(jobs, tmp_path / "data", listing, more)
         stop(proc, log)

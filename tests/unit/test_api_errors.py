@@ -87,6 +87,7 @@ def test_every_status_is_declared_by_the_calls_the_table_says_answer_it() -> Non
         "worker calls": {key for key in operations if key[1].startswith(("/api/v1/workers/", "/api/v1/leases/"))},
         "lease calls": {key for key in operations if key[1].startswith("/api/v1/leases/")},
         "job calls": {key for key in operations if key[1].startswith("/api/v1/jobs")},
+        "run calls": {key for key in operations if key[1].startswith("/api/v1/runs")},
         "every call": {key for key in operations if key[1] != "/api/v1/openapi.json"},
     }
     missing = []

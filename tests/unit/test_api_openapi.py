@@ -50,7 +50,7 @@ def test_a_broken_document_is_refused_by_the_same_check() -> None:
 
 def test_every_call_of_the_contract_is_in_the_document_and_nothing_else() -> None:
     calls = contract_calls()
-    assert len(calls) == 11, calls  # the table was read: six worker calls, two operation calls, three job calls
+    assert len(calls) == 15, calls  # the table was read: six worker calls, two operation calls, three job calls, four run calls
     assert "GET /api/v1/openapi.json" in CONTRACT.read_text()
     assert set(operations(document())) == set(calls) | {"GET /api/v1/openapi.json"}
 

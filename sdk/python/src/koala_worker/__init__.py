@@ -32,6 +32,7 @@ from koala_worker.errors import (
 from koala_worker.lease import HeartbeatAnswer, Lease, LeaseFormatError, Registration
 from koala_worker.spans import Span
 from koala_worker.worker import Worker, failure_payload
+from koala_worker.workflow import Workflow
 
 __version__ = "0.1.0"
 
@@ -67,6 +68,7 @@ __all__ = [
     "TerminalFailure",
     "Unavailable",
     "Worker",
+    "Workflow",
     "backoff_delay",
     "failure_payload",
 ]

@@ -288,6 +288,46 @@ class Client:
             raise ApiError(200, "bad_answer", "an operation answer must be an object")
         return answer
 
+    # -- workflow runs (a key with the execute scope) ------------------------------------------
+
+    def start_run(
+        self,
+        definition: str,
+        input: dict[str, Any] | None = None,
+        *,
+        version: int | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a run of ``definition`` (its newest version unless ``version``): ``{"run_id",
+        "definition", "version", "state", "created"}``; ``created`` is False when
+        ``idempotency_key`` names an earlier run with the same input."""
+        body: dict[str, Any] = {"definition": definition, "input": input or {}}
+        for key, value in (("version", version), ("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
+            if value is not None:
+                body[key] = value
+        return _object(self.request("POST", "/api/v1/runs", body)[1])
+
+    def get_run(self, run_id: int) -> dict[str, Any]:
+        """The run: its state, version, run state, and its steps (state, output, worker ids)."""
+        return _object(self.request("GET", f"/api/v1/runs/{int(run_id)}")[1])
+
+    def signal(self, run_id: int, name: str, *, key: str, payload: dict[str, Any] | None = None) -> str:
+        """Send signal ``name`` (deduplicated by ``key``): ``resumed``, ``buffered``, ``duplicate`` or ``rejected``."""
+        body = {"name": name, "key": key, "payload": payload or {}}
+        return str(_object(self.request("POST", f"/api/v1/runs/{int(run_id)}/signals", body)[1]).get("outcome", ""))
+
+    def cancel_run(self, run_id: int, *, reason: str = "") -> dict[str, Any]:
+        """Cancel a live run (its running steps hear ``job_cancelled`` at their next heartbeat)."""
+        body = {"reason": reason} if reason else {}
+        return _object(self.request("POST", f"/api/v1/runs/{int(run_id)}/cancel", body)[1])
+
+
+def _object(answer: Any) -> dict[str, Any]:
+    if not isinstance(answer, dict):
+        raise ApiError(200, "bad_answer", "the answer must be a JSON object")
+    return answer
+
 
 def _retry_after(header: str | None) -> float | None:
     if not header:

@@ -118,6 +118,7 @@ class Context:
         self.state: dict[str, Any] = lease.state
         self.progress_checkpoint: dict[str, Any] = lease.progress
         self.step: str | None = lease.step
+        self.run: dict[str, Any] | None = lease.run  # a workflow step's run: {"id", "state", "correlation_id"}
         self.cancelled = threading.Event()
         self.state_delta: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None  # set_usage's, when called
@@ -130,6 +131,11 @@ class Context:
     @property
     def job_id(self) -> int:
         return self.lease.job_id
+
+    @property
+    def run_id(self) -> int | None:
+        """The run of a workflow's step (None for a job of its own)."""
+        return int(self.run["id"]) if self.run and isinstance(self.run.get("id"), int) else None
 
     @property
     def attempt(self) -> int:

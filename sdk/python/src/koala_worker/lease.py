@@ -70,6 +70,7 @@ class Lease:
     input: Any
     steps: dict[str, Any]
     state: dict[str, Any]
+    run: dict[str, Any] | None
     progress: dict[str, Any]
     correlation_id: str
     idempotency_key: str
@@ -107,6 +108,7 @@ class Lease:
             input=raw.get("input"),
             steps=_dict(raw, "steps"),
             state=_dict(raw, "state"),
+            run=_dict(raw, "run") or None,
             progress=_dict(raw, "progress"),
             correlation_id=str(raw.get("correlation_id") or ""),
             idempotency_key=str(raw.get("idempotency_key") or ""),

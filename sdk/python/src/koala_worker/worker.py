@@ -27,6 +27,7 @@ from koala_worker.errors import (
     StopRequested,
 )
 from koala_worker.lease import Lease, Registration
+from koala_worker.workflow import Workflow
 
 log = logging.getLogger("koala_worker")
 
@@ -128,6 +129,7 @@ class Worker:
         self.shutdown_deadline = shutdown_deadline
         self.bodies: dict[tuple[str, int], dict[str | None, Body]] = {}
         self.step_ids: dict[tuple[str, int], list[str]] = {}
+        self.workflows: dict[tuple[str, int], Workflow] = {}
         self.worker_id = ""
         self.registration: Registration | None = None
         self._held: dict[int, LeaseRun] = {}
@@ -145,18 +147,27 @@ class Worker:
 
     def register(
         self,
-        name: str | Body,
+        name: str | Body | Workflow,
         version: int = 1,
         body: Body | None = None,
         steps: Iterable[str] | Mapping[str, Body] = (),
     ) -> Any:
-        """Serve kind ``name`` at ``version`` with ``body(ctx, input)``.
+        """Serve kind ``name`` at ``version`` with ``body(ctx, input)``, or the steps of a workflow.
+
+        ``worker.register(support)`` (a ``Workflow``) serves the steps it has bodies for, at its
+        version; the server knows the definition (``remote_step``) and answers ``400`` for a
+        workflow, version or step it does not.
 
         ``worker.register("echo", 1, echo)`` and ``worker.register(echo)`` (the function's name)
         return the worker, for chaining; ``@worker.register("echo", version=1)`` is a decorator.
         ``steps``: the step ids of a kind of several steps, each run by ``body`` (which reads
         ``ctx.step``), or a mapping of step id to its own body.
         """
+        if isinstance(name, Workflow):
+            if not name.bodies:
+                raise ValueError(f"{name.key} has no step bodies to serve")
+            self.workflows[(name.name, name.version)] = name
+            return self
         if callable(name):
             body, name = name, str(getattr(name, "koala_kind", name.__name__))
             version = int(getattr(body, "koala_version", version))
@@ -183,9 +194,14 @@ class Worker:
         return self
 
     def kinds_payload(self) -> list[dict[str, Any]]:
-        return [{"name": name, "version": version, "steps": self.step_ids[(name, version)]} for name, version in self.bodies]
+        served = [{"name": name, "version": version, "steps": self.step_ids[(name, version)]} for name, version in self.bodies]
+        return served + [flow.payload() for flow in self.workflows.values()]
 
     def body_for(self, lease: Lease) -> Body | None:
+        if lease.step is not None and lease.kind.endswith(f".{lease.step}"):
+            flow = self.workflows.get((lease.kind[: -len(lease.step) - 1], lease.version))
+            if flow is not None:
+                return flow.body_for(lease.kind, lease.step)
         table = self.bodies.get((lease.kind, lease.version))
         if table is None:
             return None
