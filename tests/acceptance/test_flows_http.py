@@ -185,7 +185,8 @@ def test_two_http_workers_race_one_step_the_fence_picks_one_and_the_loser_change
     # w1 goes quiet; the reaper reclaims the lease and w2 takes the step.
     [second] = wait_for(lambda: w2.acquire(wait=2), timeout=30, what="w2 to get the reclaimed step")  # type: ignore[misc]
     assert second["job_id"] == first["job_id"] and second["lease_id"] != first["lease_id"]
-    assert second["span_id"] == first["span_id"]  # one span per (run, step)
+    # Each attempt is its own span of the run's trace: the reclaim is a new one, never a duplicate.
+    assert second["span_id"] != first["span_id"] and second["trace_id"] == first["trace_id"]
     status, body = w2.lease_call(second, "complete", output={"by": "w2"}, state_delta={"winner": "w2"})
     assert (status, body) == (200, {"outcome": "succeeded"})
     before = Run.objects.get(pk=run_id)
