@@ -16,8 +16,9 @@ def codenames(group: str, app_label: str) -> set[str]:
 
 
 def test_migrate_creates_operators_reviewers_and_auditors() -> None:
-    assert codenames("operators", "console") == {"view_operations", "operate"}
-    assert codenames("reviewers", "console") == {"view_operations", "review"}
+    # Workflows (console 0004): operators start, cancel and move runs; operators and reviewers signal them.
+    assert codenames("operators", "console") == {"view_operations", "operate", "run_workflows", "signal_runs"}
+    assert codenames("reviewers", "console") == {"view_operations", "review", "signal_runs"}
     assert codenames("auditors", "console") == {"view_operations"}
     # Every role reads the engine's records in the admin (read-only there).
     for group in ("operators", "reviewers", "auditors"):

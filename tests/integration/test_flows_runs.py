@@ -214,3 +214,15 @@ def test_a_failed_step_fails_the_run_and_its_fan_in_never_runs(tmp_path: Path) -
     assert "d" not in _ran(log)
     # Nothing of the run is left live in the engine.
     assert not Job.objects.filter(run_id=run.pk, state__in=["queued", "running", "parked"]).exists()
+
+
+@pytest.mark.django_db
+def test_a_steps_kind_is_not_enqueued_outside_a_run() -> None:
+    """A step's job belongs to a run: one enqueued alone would run with no run, no parents and no
+    state, and nothing would hang on its end. The enqueue names why and writes nothing."""
+    from workers import EnqueueError, enqueue
+
+    before = Job.objects.count()
+    with pytest.raises(EnqueueError, match=r"step .a. of workflow fan; start a run"):
+        enqueue(kind="fan.a", input={"log": "/dev/null"}, created_by="tester")
+    assert Job.objects.count() == before

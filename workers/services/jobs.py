@@ -69,6 +69,16 @@ def _validated(spec: JobSpec, *, created_by: str = "") -> tuple[kinds.JobKind, s
             kinds.latest(spec.kind)  # raises "unknown kind" when no version exists at all
             raise EnqueueError(f"job kind {spec.kind!r} has no version {spec.version} in this process.")
         kind = found
+    from workers import definitions  # it builds on this module (its handles enqueue through it)
+
+    if spec.run_id is None and definitions.is_step_kind(kind.name):
+        # A step's job belongs to its run (flows): alone it would run with no parents and no state,
+        # and nothing would hang on its end.
+        workflow, _, step = kind.name.rpartition(".")
+        raise EnqueueError(
+            f"job kind {kind.name!r} is step {step!r} of workflow {workflow}; start a run of the workflow instead "
+            "(POST /api/v1/runs, koala_flow start)."
+        )
     # Only a configured queue has workers: a job on any other (an override, or a kind whose queue
     # this deployment's KOALA_QUEUES leaves out) would wait for ever.
     queue = targets.check_queue(spec.queue if spec.queue is not None else kind.queue)
