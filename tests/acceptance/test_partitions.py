@@ -207,7 +207,9 @@ def test_a_report_held_in_a_partition_is_refused_when_it_arrives(
 def test_a_completion_that_landed_before_the_partition_is_never_undone(processes, pg_proxy: FaultProxy, tmp_path: Path) -> None:
     world = str(tmp_path / "world.log")
     start_partitioned_worker(processes, pg_proxy, name="cutoff")
-    fired = pg_proxy.blackhole_after(COMPLETION)
+    # The completion's transaction commits (the statement, the apps' in-transaction hooks, COMMIT),
+    # then the link goes silent: the completion landed.
+    fired = pg_proxy.blackhole_after(COMPLETION, b"COMMIT")
     job_id = _charge(world)
     assert fired.wait(20)
     processes.beat()

@@ -12,6 +12,7 @@ direct connections; then::
     proxy.cut()                            # reset every connection (RST), like a dead link
     proxy.blackhole_after(b"INSERT INTO workers_operation")  # forward the chunk that holds it, then stall
     proxy.hold_on(b"SET state = 'succeeded'")                 # stall *before* forwarding that chunk
+    proxy.blackhole_after(b"run_state = run_state ||", b"COMMIT")  # the first pattern, then the next COMMIT
 
 Blackholed bytes are held, not dropped: on ``heal()`` the held chunk and everything the
 kernels buffered meanwhile flow on, as they would after a healed link. Pattern triggers see
@@ -35,6 +36,7 @@ class _Trigger:
     pattern: bytes
     before: bool  # True: stall before forwarding the chunk; False: forward it, then stall
     fired: threading.Event
+    then: tuple[bytes, ...] = ()  # patterns still to see, in order, before this trigger fires
 
 
 class FaultProxy:
@@ -78,9 +80,15 @@ class FaultProxy:
         with self._lock:
             self._delay = max(0.0, seconds)
 
-    def blackhole_after(self, pattern: bytes) -> threading.Event:
-        """Forward the next client chunk containing ``pattern``, then stall everything."""
-        return self._arm(pattern, before=False)
+    def blackhole_after(self, pattern: bytes, *then: bytes) -> threading.Event:
+        """Forward the next client chunk containing ``pattern``, then stall everything. With
+        ``then``, each later pattern must be seen in turn first (e.g. a statement, then the COMMIT
+        of its transaction): the stall follows the chunk holding the last."""
+        fired = self._arm(pattern, before=False)
+        with self._lock:
+            assert self._trigger is not None
+            self._trigger.then = then
+        return fired
 
     def hold_on(self, pattern: bytes) -> threading.Event:
         """Stall everything as soon as a client chunk contains ``pattern``, holding that chunk."""
@@ -163,10 +171,19 @@ class FaultProxy:
                 forward_then_stall = False
                 if from_client:
                     with self._lock:
-                        trigger = self._trigger
+                        trigger, fire = self._trigger, False
                         if trigger is not None and trigger.pattern in data:
+                            after = data[data.index(trigger.pattern) + len(trigger.pattern) :]
+                            while trigger.then and trigger.then[0] in after:  # the next ones in the same chunk
+                                after = after[after.index(trigger.then[0]) + len(trigger.then[0]) :]
+                                trigger.then = trigger.then[1:]
                             self._trigger = None
-                            trigger.fired.set()
+                            if trigger.then:
+                                self._trigger = _Trigger(trigger.then[0], trigger.before, trigger.fired, trigger.then[1:])
+                            else:
+                                trigger.fired.set()
+                                fire = True
+                        if fire and trigger is not None:
                             if trigger.before:
                                 self._blackholed = True  # this chunk waits for heal() below
                             else:
