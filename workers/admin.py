@@ -154,12 +154,25 @@ class AttemptAdmin(JobDataAdmin):
 
 @admin.register(Span)
 class SpanAdmin(JobDataAdmin):
-    """An attempt's trace as stored before the traces app (traces_span holds the new ones): the
-    step span Koala opened and the spans an HTTP worker's body sent."""
+    """Legacy, read-only: an attempt's trace as stored before the traces app (the step span Koala
+    opened and the spans an HTTP worker's body sent). Nothing writes workers_span any more: spans
+    are rows of traces_span, shown in each run's journal. Its pages say so in their titles (the
+    model's verbose_name stays: changing it would take a migration for a table a later contract
+    migration drops)."""
 
     list_display = ["id", "job", "attempt", "span_name", "span_id", "parent_id", "started_at", "ended_at"]
     list_select_related = ["job", "attempt"]
     search_fields = ["=job__id", "=trace_id", "=span_id"]
+    LEGACY = "Legacy spans (before the traces app; no longer written: spans are rows of traces_span)"
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changelist_view(request, {"title": self.LEGACY, **(extra_context or {})})
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        title = "Legacy span (no longer written: spans are rows of traces_span)"
+        return super().change_view(request, object_id, form_url, {"title": title, **(extra_context or {})})
 
     @admin.display(description="name")
     def span_name(self, obj: Span) -> str:

@@ -86,7 +86,8 @@ remote_kind(
     required_fields={"invoice", "amount_minor", "currency"},
 )
 
-# A workflow whose two steps run in HTTP workers: examples/node-worker serves both. ``greet``
+# A workflow whose two steps run in HTTP workers: examples/node-worker and the Python SDK's
+# example (examples/python-worker) serve both. ``greet``
 # answers a greeting for the run's input ``name`` (and sets ``greeted`` in the run's state);
 # ``shout`` follows it and sees its output in the lease's ``steps``. Start a run with
 # ``POST /api/v1/runs {"definition": "http_hello", "input": {"name": "Ada"}}``.

@@ -329,11 +329,16 @@ class WorkerProcess(models.Model):
 
 
 class Span(models.Model):
-    """One span of an attempt's trace, as the worker API stored them before the ``traces`` app
-    (``traces.models.Span``, filled through workers.hooks) took over: kept, not written any more.
-    The step span Koala opened for the attempt (no parent) and the spans an HTTP worker's body
-    recorded under it. ``usage`` is the span's own (exclusive of
-    its children); the step's usage is the sum over its spans unless the body set it explicitly."""
+    """Legacy: one span of an attempt's trace, as the worker API stored them before the ``traces``
+    app. Nothing writes this table (``workers_span``) any more: since the traces app, every span
+    (each attempt's own, and those its body recorded, an HTTP worker's included) is a row of
+    ``traces_span`` (``traces.models.Span``, filled through workers.hooks), and that is what the
+    console's journals read. It is kept, read-only in the admin, because migrations here are
+    expand-only (tests/unit/test_migrations_expand_only.py): a later contract migration drops it,
+    once no running release reads it.
+
+    Its rows: the step span Koala opened for the attempt (no parent) and the spans an HTTP
+    worker's body recorded under it; ``usage`` is the span's own (exclusive of its children)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="spans")
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="spans")
@@ -352,7 +357,7 @@ class Span(models.Model):
         ordering = ["attempt_id", "id"]
 
     def __str__(self) -> str:
-        return f"span {self.name} of job {self.job_id}"
+        return f"legacy span {self.name} of job {self.job_id}"
 
 
 # -- The safety layer: operations ledger, budgets, prices, pauses -----------------------------

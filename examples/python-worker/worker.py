@@ -5,6 +5,10 @@ contract lives on the server, the body here): http.echo@1 answers {"echo": input
 http.invoice@1 writes an invoice once, through Koala's operations ledger, as a file in
 $KOALA_DATA_DIR/invoices (.koala-data/invoices beside `make run`): the folder stands in for the
 outside world here.
+
+It also serves the steps of the workflow http_hello@1, declared there too with workflow and
+remote_step: greet answers a greeting for the run's input "name" and sets "greeted" in the run's
+state; shout, after it, reads greet's output and that state.
 """
 
 import json
@@ -12,9 +16,10 @@ import os
 import signal
 from pathlib import Path
 
-from koala_worker import ABSENT, Client, OperationResult, StepFailure, Worker
+from koala_worker import ABSENT, Client, OperationResult, StepFailure, Worker, Workflow
 
 INVOICES = Path(os.environ.get("KOALA_DATA_DIR") or ".koala-data") / "invoices"
+hello = Workflow("http_hello", version=1)  # the bodies of the steps this worker serves
 
 
 def echo(ctx, input):
@@ -61,10 +66,24 @@ def send_invoice(ctx, input):
     return {"sent": True, "file": sent["file"]}
 
 
+@hello.step("greet")
+def greet(ctx, input):  # input: the run's input
+    ctx.set_state(greeted=input["name"])  # merged into the run's state when the step completes
+    return {"greeting": f"Hello, {input['name']}!"}
+
+
+@hello.step("shout")
+def shout(ctx, input):
+    greeting = ctx.steps["greet"]["greeting"]  # an earlier step's output, by name
+    ctx.set_state(shouted=True)
+    return {"shout": greeting.upper(), "greeted": ctx.state["greeted"]}
+
+
 def main():
     client = Client(os.environ["KOALA_URL"], os.environ["KOALA_API_KEY"], timeout=30)
     worker = Worker(client, concurrency=4, name=os.environ.get("KOALA_WORKER_NAME"), shutdown_deadline=30)
     worker.register("http.echo", 1, echo).register("http.invoice", 1, send_invoice)  # register returns the worker
+    worker.register(hello)  # the workflow's steps, at its version
     signal.signal(signal.SIGINT, lambda signum, frame: worker.stop("SIGINT"))  # Ctrl-C stops it as SIGTERM does
     worker.serve()  # until SIGTERM or Ctrl-C: running bodies finish (or are given back at the deadline)
 

@@ -1,6 +1,6 @@
 """The worker protocol against a real uvicorn process, spoken with plain HTTP (no SDK).
 
-Rows are the record: each test asserts on workers_job / workers_attempt / workers_span, and a
+Rows are the record: each test asserts on workers_job / workers_attempt / traces_span, and a
 refused call is checked to have changed nothing.
 """
 

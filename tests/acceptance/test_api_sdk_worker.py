@@ -1,7 +1,7 @@
 """The clients of the worker protocol against a real uvicorn process: the Python SDK (sdk/python,
 run in a thread of the test process or as its own process) and the SDK-less Node example.
 
-The rows are the record (workers_job / workers_attempt / workers_span); what a body did is
+The rows are the record (workers_job / workers_attempt / traces_span); what a body did is
 recorded by the body itself, outside Koala, so "exactly once" is counted where it happened.
 """
 

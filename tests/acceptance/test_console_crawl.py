@@ -2,12 +2,15 @@
 
 Realistic records are made through Koala's own services and runtime (jobs that failed with
 secrets in their messages, operations, reviews, needs-attention, pauses, budgets, exports, a
-registered worker, jobs of a kind recording values of unusual shapes), with secrets of many
+registered worker, jobs of a kind recording values of unusual shapes, workflow runs: one run to
+its end through a wait and a signal, its steps' spans stored in traces_span, and one stranded),
+with secrets of many
 shapes planted, unique to this run, in declared-
 sensitive input fields and in free text. Then a superuser, each console role and a staff user
 without a role log in and follow every same-origin link from /admin/ and the console home
 (breadth first, GET only), and also open every object page of every Koala model, the console's
-per-object pages, every export's download and django-rq's pages. Each answer must be 200, 302,
+per-object pages (each job, review, budget and run's journal), every export's download and
+django-rq's pages. Each answer must be 200, 302,
 403 or 404, never 500 (an export download may also answer 409, for an export that has not
 succeeded: those downloads are fetched though never linked, and 410 for the one whose object was
 removed from storage); no body may hold a planted secret; and no page may link a person to a
@@ -47,22 +50,25 @@ from api.keys import create_key
 from devtools.sandbox.provider import FakeProvider
 from exports.models import Export, ExportState
 from exports.services import cancel_export, grant_account_access
+from flows.models import Run, RunStep
+from flows.services import send_signal, start_run
 from reviews.models import ReviewRequest
 from reviews.services import approve_review, reject_review
-from tests.inprocess import run_export, run_until
+from tests.inprocess import drain_until, run_export, run_until
 from tests.links import page_links
 from tests.support.console_scenarios import shop, uncertain_charge
 from tests.support.exports import People, load_events, request
 from tests.support.fleet import wait_workers_ready
 from tests.support.odd_shapes import seed_odd_shapes
-from workers.models import Attempt, Budget, Job, Span
+from traces.models import Span, SpanKind
+from workers.models import Budget, Job
 from workers.services.budgets import create_budget, set_model_price
 from workers.services.jobs import cancel_job, enqueue
 from workers.services.pauses import pause, resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-KOALA_APPS = ("workers", "exports", "reviews", "koala", "console", "api")
+KOALA_APPS = ("workers", "exports", "reviews", "koala", "console", "api", "flows", "traces")
 CAP_PER_VIEW = 3
 ALLOWED = {200, 302, 403, 404}
 SKIPPED_PREFIXES = ("/static/", "/admin/logout/")
@@ -86,6 +92,10 @@ def _token(length: int, alphabet: str = string.ascii_letters + string.digits) ->
 
 def _b64(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+
+# The kinds (and the workflow) whose input has a field declared sensitive, each given a secret there.
+DECLARING = ("boom", "tests.leaky", "shop", "tests.shapes", "secretive")
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ class Planted:
             card_spaces=spaces,
             card_dashes=dashes,
             card_plus="+".join(amex_like[i : i + 4] for i in range(0, 16, 4)),
-            declared={kind: f"{kind.split('.')[-1]}-{_token(18)}" for kind in ("boom", "tests.leaky", "shop", "tests.shapes")},
+            declared={kind: f"{kind.split('.')[-1]}-{_token(18)}" for kind in DECLARING},
         )
 
     def free_text(self) -> str:
@@ -159,10 +169,12 @@ class Planted:
 @dataclass
 class Seeded:
     lost_export: int  # succeeded, then its object vanished from storage: its download answers 410
+    finished_run: int  # secretive: its journal has steps, spans, a consumed signal and an error
+    stranded_run: int  # hfan@1: its first step is due and no live worker serves it
     secrets_at_rest: int  # jobs whose stored input really holds planted values (the pages had something to leak)
 
 
-def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any, export_root: Path) -> Seeded:
+def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any, export_root: Path, scratch: Path) -> Seeded:
     text = planted.free_text()
     # A job failing with secrets in its message (boom repeats its declared "card" and its "bearer").
     boom = enqueue(
@@ -177,18 +189,6 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
         created_by="alice",
     ).job_id
     run_until(boom, "failed")
-    # Spans as an HTTP worker's body reports them (the protocol stores them redacted; a row that
-    # holds the declared value and a bearer token proves the span pages mask again when shown).
-    boom_attempt = Attempt.objects.get(job_id=boom)
-    Span.objects.create(
-        job_id=boom,
-        attempt=boom_attempt,
-        trace_id="a" * 32,
-        span_id="b" * 16,
-        name=f"model.call {planted.bearer}",
-        attributes={"memo": planted.declared["boom"]},
-        usage={"input_tokens": 3},
-    )
     # An API key (its page shows the prefix; the raw key is never stored).
     create_key(name="crawl worker", scopes=["worker"], actor="root")
     # A body repeating free text and its declared field in an operation and its error message.
@@ -224,6 +224,8 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
     # operation's params, lists and strings for results, huge and non-ASCII values, nulls).
     seed_odd_shapes(secret=planted.declared["tests.shapes"], note=text)
 
+    finished_run, stranded_run = seed_runs(planted, scratch)
+
     # Pauses: one active (its reason is on every admin page's banner), one lifted with a note.
     pause(scope="kind", target="demo.flaky", reason=f"provider incident: {text}", actor="olga")
     lifted = pause(scope="queue", target="exports", reason=f"maintenance {planted.sk_proj}", actor="olga")
@@ -246,7 +248,45 @@ def seed(planted: Planted, people: People, provider: FakeProvider, settings: Any
         for job in Job.objects.all()
         if any(value in json.dumps(job.input) for value in (planted.bearer, planted.jwt, *planted.declared.values()))
     )
-    return Seeded(lost_export=lost.pk, secrets_at_rest=at_rest)
+    return Seeded(lost_export=lost.pk, finished_run=finished_run, stranded_run=stranded_run, secrets_at_rest=at_rest)
+
+
+def seed_runs(planted: Planted, scratch: Path) -> tuple[int, int]:
+    """Two workflow runs (tests/flows_kinds.py): ``secretive`` run to its end in this process, and
+    a stranded ``hfan``; returns their ids."""
+    text = planted.free_text()
+    # secretive's input carries a secret (``api_key`` is always sensitive); its body repeats it in
+    # a span's attribute, the run's state, its output, and its last step's error.
+    finished = start_run(
+        definition="secretive",
+        version=1,
+        input={"log": str(scratch / "secretive.log"), "api_key": planted.declared["secretive"]},
+        actor="alice",
+    ).run.pk
+    drain_until(lambda: Run.objects.get(pk=finished).state == "waiting", what="the secretive run to wait")
+    # A span as an HTTP worker's body reports it, under the step attempt's own span (the protocol
+    # stores them redacted: this row holds the run's secret and a bearer token, so the journal
+    # must mask again when it shows it).
+    use = RunStep.objects.get(run_id=finished, name="use")
+    attempt_span = Span.objects.get(job_id=use.job_id, kind=SpanKind.ATTEMPT)
+    Span.objects.create(
+        job_id=use.job_id,
+        attempt_id=attempt_span.attempt_id,
+        trace_id=attempt_span.trace_id,
+        span_id="b" * 16,
+        parent_id=attempt_span.span_id,
+        kind=SpanKind.BODY,
+        name=f"model.call {planted.bearer}",
+        attributes={"memo": f"customer key {planted.declared['secretive']}", "note": text},
+        usage={"input_tokens": 3},
+    )
+    # The wait consumes a signal whose payload holds a token (always sensitive) and free text.
+    send_signal(run_id=finished, name="go", key="crawl-go", payload={"token": planted.jwt, "note": text}, actor="bob")
+    drain_until(lambda: Run.objects.get(pk=finished).state == "failed", what="the secretive run to fail")
+    # hfan's steps are served over HTTP, and no HTTP worker is registered: its first step stays
+    # due with nothing to run it, and the stranded page lists the run.
+    stranded = start_run(definition="hfan", version=1, input={"log": str(scratch / "hfan.log"), "note": text}, actor="alice")
+    return finished, stranded.run.pk
 
 
 # -- the crawl -----------------------------------------------------------------------------------
@@ -338,6 +378,7 @@ def object_pages() -> list[str]:
     urls += [reverse("console:job", args=[pk]) for pk in Job.objects.values_list("pk", flat=True)]
     urls += [reverse("reviews:detail", args=[pk]) for pk in ReviewRequest.objects.values_list("pk", flat=True)]
     urls += [reverse("console:budget", args=[pk]) for pk in Budget.objects.values_list("pk", flat=True)]
+    urls += [reverse("console:run", args=[pk]) for pk in Run.objects.values_list("pk", flat=True)]
     urls += [reverse("exports:download", args=[pk]) for pk in Export.objects.values_list("pk", flat=True)]
     return urls
 
@@ -355,6 +396,7 @@ def test_every_reachable_page_answers_shows_no_planted_secret_and_links_only_whe
     provider: FakeProvider,
     settings: Any,
     export_root: Path,
+    tmp_path: Path,
     processes,  # type: ignore[no-untyped-def]
 ) -> None:
     began = time.monotonic()
@@ -362,11 +404,12 @@ def test_every_reachable_page_answers_shows_no_planted_secret_and_links_only_whe
     # serves a queue nothing is enqueued on, so it leaves the records below as they are made.
     worker = processes.start("koala_worker", "--queues", "critical", name="worker")
     planted = Planted.new()
-    seeded = seed(planted, people, provider, settings, export_root)
+    seeded = seed(planted, people, provider, settings, export_root, tmp_path)
     wait_workers_ready([worker])
     assert seeded.secrets_at_rest >= 4, "the planted values are in the database: a page could show them"
-    # Not in the admin at all, so no page of theirs to visit: customer rows and the roles' permission holder.
-    assert unregistered_koala_models() == {"exports.Event", "console.Console"}
+    # Not in the admin at all, so no page of theirs to visit: customer rows, the roles' permission
+    # holder, and spans (shown nested in each run's journal, which is visited).
+    assert unregistered_koala_models() == {"exports.Event", "console.Console", "traces.Span"}
     seeded_at = time.monotonic()
 
     logins = {"superuser": people.root, **{role: role_users[role] for role in ("operator", "reviewer", "auditor", "norole")}}
@@ -410,3 +453,16 @@ def test_every_reachable_page_answers_shows_no_planted_secret_and_links_only_whe
         assert crawls[role].visits["/admin/console/jobs/"].status == 200, role
         assert crawls[role].visits["/admin/django-rq/"].status == 403, role
     assert crawls["norole"].visits["/admin/console/"].status == 403
+    # The runs pages were crawled with data: the list shows both runs, the finished run's journal
+    # its steps with their spans nested (the seeded one masked), the stranded page the hfan run.
+    journal, stranded = reverse("console:run", args=[seeded.finished_run]), reverse("console:stranded")
+    runs = reverse("console:runs")
+    for who in ("superuser", "operator", "auditor"):
+        visits = crawls[who].visits
+        assert all(visits[url].status == 200 for url in (runs, journal, stranded)), who
+    assert reverse("console:run", args=[seeded.stranded_run]) in root
+    shown = {url: crawls["superuser"].client.get(url).content.decode() for url in (runs, journal, stranded)}
+    assert all(f'href="{reverse("console:run", args=[pk])}"' in shown[runs] for pk in (seeded.finished_run, seeded.stranded_run))
+    use = shown[journal].split('data-step="use"')[1].split("<!-- end of step")[0]
+    assert use.count('class="span"') >= 4 and "model.call [redacted]" in use, use  # attempt, lookup, inner, the seeded one
+    assert f'data-run="{seeded.stranded_run}"' in shown[stranded] and "hfan.a@1" in shown[stranded]

@@ -3,7 +3,8 @@
 sdk/python/README.md ("A worker") and examples/node-worker/README.md ("Run it") each show a session
 beside ``make run`` in ``sh`` blocks (tests/support/doc_commands.py, ``example_session``): the first makes a
 worker key and starts the worker, which runs until it is stopped; the next ones are typed in a
-second terminal, in order: enqueue, then look. ``make run`` is stood in for by the API server
+second terminal, in order: enqueue, then look (and in both, then start a run of the workflow
+``http_hello`` whose steps the worker serves, then look at it once it has ended). ``make run`` is stood in for by the API server
 (uvicorn serving koala.asgi on the test database: tests/support/api_server.py), whose URL replaces
 the documents' ``http://127.0.0.1:8000``. Every block runs in bash from the checkout as written,
 ``scripts/manage`` included, with only the test database's ``DATABASE_URL``/``REDIS_URL`` (which
@@ -116,7 +117,7 @@ def served(ids: list[int], proc: subprocess.Popen[bytes], log: Path) -> list[Job
 
 
 def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str, more: list[str]) -> None:
-    assert more == [], "the session is: the worker, the jobs, the listing"
+    assert len(more) == 2, "the session is: the worker, the jobs, their listing, a run started, its listing and journal"
     # The README shows the example in full.
     shown = [b for b in blocks(SDK_README) if b.language == "python"]
     assert ["\n".join(b.lines) + "\n" for b in shown] == [PYTHON_WORKER.read_text()]
@@ -134,6 +135,23 @@ def check_python_sdk_example(jobs: list[Job], data_dir: Path, listing: str, more
     assert [p.name for p in written.parent.iterdir()] == [written.name], "one invoice, no partial file left"
     [row] = [line for line in listing.splitlines() if "http.invoice" in line]
     assert "succeeded" in row and " 1/5 " in row, listing
+    # Then a run of http_hello, whose two steps the same worker serves (its Workflow's bodies).
+    started, shown = more
+    run_id = int(re.search(r"^run (\d+) of http_hello@1 started", started, re.M).group(1))  # type: ignore[union-attr]
+    run = Run.objects.get(pk=run_id)
+    assert (run.state, run.run_state) == ("succeeded", {"greeted": "Ada", "shouted": True}), (run.state, run.error)
+    steps = {row.name: row for row in RunStep.objects.filter(run=run)}
+    assert {name: row.state for name, row in steps.items()} == {"greet": "succeeded", "shout": "succeeded"}
+    assert steps["greet"].output == {"greeting": "Hello, Ada!"}
+    assert steps["shout"].output == {"shout": "HELLO, ADA!", "greeted": "Ada"}
+    assert steps["greet"].state_after == {"greeted": "Ada"}, "greet's delta merged before shout became due"
+    workers = {a.worker_id for a in Attempt.objects.filter(job__run_id=run_id)}
+    assert len(workers) == 1 and workers == {a.worker_id for a in Attempt.objects.filter(job=invoice)}
+    # What the session printed: the listing's row, then the journal of that run (JSON after it).
+    assert re.search(rf"^run {run_id}\s+succeeded\s+http_hello@1", shown, re.M), shown
+    journal = json.loads(shown[shown.index("{") :])
+    assert (journal["id"], journal["state"], journal["run_state"]) == (run_id, "succeeded", run.run_state)
+    assert {s["name"]: s["output"] for s in journal["steps"]} == {name: row.output for name, row in steps.items()}
 
 
 def check_node_example(jobs: list[Job], data_dir: Path, listing: str, more: list[str]) -> None:

@@ -4,8 +4,9 @@ Records are made through Koala's services and runtime (in this process, against 
 provider, plus one registered worker subprocess) with the long values people really produce:
 a long user name (it is the requester, the actor and the one logged in), long free text in
 reasons, notes and error messages (with URLs and unbroken tokens), a long account slug, a long
-budget name. Then Debian's chromium, at 1280 x 900, follows every console link breadth first
-(a few URLs per list page's URL pattern, and every job, review and budget page) and checks on each page:
+budget name, a workflow run's long input and signal payload. Then Debian's chromium, at 1280 x 900,
+follows every console link breadth first (a few URLs per list page's URL pattern, and every job,
+review, budget and run's journal page) and checks on each page:
 
 - no horizontal scroll: ``document.documentElement.scrollWidth <= clientWidth``;
 - breadcrumbs read "Jobs > Job 11" with a space on both sides of the separator, never
@@ -30,7 +31,9 @@ from django.urls import Resolver404, resolve
 from devtools.sandbox.provider import FakeProvider
 from exports.models import Account, ExportState
 from exports.services import cancel_export, grant_account_access, request_export
-from tests.inprocess import run_export, run_until
+from flows.models import Run
+from flows.services import send_signal, start_run
+from tests.inprocess import drain_until, run_export, run_until
 from tests.support.console import PASSWORD
 from tests.support.console_scenarios import pending_review, shop, uncertain_charge
 from tests.support.exports import YEAR, load_events
@@ -43,7 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WIDTH, HEIGHT = 1280, 900
 PER_PATTERN = 3  # URLs fetched per URL pattern (query variants included), except per-object pages:
-OBJECT_PAGES = {"console:job", "reviews:detail", "console:budget"}  # every one of them
+OBJECT_PAGES = {"console:job", "reviews:detail", "console:budget", "console:run"}  # every one of them
 # A user name of the kind an SSO integration makes: long, and without a space to break at.
 LONG_USER = "finance.operations.team-lead+emea-north@subsidiary-holdings.example.com"
 LONG_SLUG = "northwind-traders-international-holdings-emea"
@@ -54,7 +57,7 @@ LONG_TEXT = (
 )
 
 
-def seed(provider: FakeProvider, settings: Any, export_root: Path) -> User:
+def seed(provider: FakeProvider, settings: Any, export_root: Path, scratch: Path) -> User:
     viewer = User.objects.create_superuser(LONG_USER, f"lead@{LONG_SLUG}.example.com", PASSWORD)
     # Failed jobs with long messages and long operation parameters, target and error.
     leaky = enqueue(kind="tests.leaky", input={"note": LONG_TEXT, "customer_code": "C-1"}, created_by=LONG_USER).job_id
@@ -95,6 +98,15 @@ def seed(provider: FakeProvider, settings: Any, export_root: Path) -> User:
     assert run_export(export(max_rows=10)).state == ExportState.FAILED
     cancel_export(export_id=export(), user=viewer, reason=LONG_TEXT)
     export()
+    # Workflow runs (tests/flows_kinds.py): a ticket run through its wait, resumed by a signal with
+    # a long payload (its journal: steps, attempts, spans, the signal), and a stranded hfan run
+    # (its steps are served over HTTP, and no HTTP worker is registered).
+    long_input = {"log": str(scratch / "runs.log"), "note": LONG_TEXT}
+    ticket = start_run(definition="ticket", input=long_input, correlation_id=f"{LONG_SLUG}-ticket-2026-000042", actor=LONG_USER)
+    drain_until(lambda: Run.objects.get(pk=ticket.run.pk).state == "waiting", what="the ticket run to wait")
+    send_signal(run_id=ticket.run.pk, name="reviewer.approved", key=LONG_SLUG, payload={"note": LONG_TEXT}, actor=LONG_USER)
+    drain_until(lambda: Run.objects.get(pk=ticket.run.pk).state == "succeeded", what="the ticket run to succeed")
+    start_run(definition="hfan", input=long_input, actor=LONG_USER)
     return viewer
 
 
@@ -134,11 +146,18 @@ def console_pattern(path: str) -> str | None:
 
 
 def test_every_console_page_fits_1280px_without_horizontal_scroll(
-    browser: Any, live_server: Any, provider: FakeProvider, settings: Any, export_root: Path, processes: Any, screenshot_dir: Path
+    browser: Any,
+    live_server: Any,
+    provider: FakeProvider,
+    settings: Any,
+    export_root: Path,
+    processes: Any,
+    screenshot_dir: Path,
+    tmp_path: Path,
 ) -> None:
     # A registered worker (the dashboard's worker table), on a queue nothing is enqueued on.
     worker = processes.start("koala_worker", "--queues", "critical", "--name", f"{LONG_SLUG}.worker-0001", name="worker")
-    viewer = seed(provider, settings, export_root)
+    viewer = seed(provider, settings, export_root, tmp_path)
     wait_workers_ready([worker])
 
     context = browser.new_context(base_url=live_server.url, viewport={"width": WIDTH, "height": HEIGHT})
@@ -194,5 +213,6 @@ def test_every_console_page_fits_1280px_without_horizontal_scroll(
     expected = {
         "console:dashboard", "console:jobs", "console:job", "console:failures", "console:exports", "reviews:queue",
         "reviews:detail", "console:attention", "console:pauses", "console:budgets", "console:budget",
+        "console:runs", "console:run", "console:stranded",
     }  # fmt: skip
     assert expected <= names, expected - names

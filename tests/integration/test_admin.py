@@ -72,3 +72,28 @@ def test_an_unknown_budget_scope_is_a_form_error(staff_client: Client, scope: st
     assert not Budget.objects.exists()
     created = staff_client.post("/admin/workers/budget/add/", {**form, "scope": "queue", "target": "bulk"})
     assert created.status_code == 302 and Budget.objects.get().target == "bulk"
+
+
+@pytest.mark.django_db(transaction=True)  # the job runs through the real runtime (tests/inprocess.py)
+def test_the_legacy_span_table_is_no_longer_written_and_its_read_only_pages_say_legacy(
+    redis_clean: None, staff_client: Client
+) -> None:
+    from traces.models import Span as TraceSpan
+    from workers.models import Attempt, Span
+
+    job_id = enqueue(kind="noop", input={}).job_id
+    run_until(job_id, "succeeded")
+    attempt = Attempt.objects.get(job_id=job_id)
+    # The attempt's span went to traces_span; workers_span got nothing.
+    assert TraceSpan.objects.filter(attempt=attempt, kind="attempt").count() == 1
+    assert not Span.objects.exists()
+    # A row as a release before the traces app stored it.
+    old = Span.objects.create(job_id=job_id, attempt=attempt, trace_id="a" * 32, span_id="b" * 16, name="noop")
+    listing = staff_client.get("/admin/workers/span/")
+    assert listing.status_code == 200 and "<title>Legacy spans (before the traces app" in listing.content.decode()
+    page = staff_client.get(f"/admin/workers/span/{old.pk}/change/")
+    assert page.status_code == 200
+    assert "Legacy span (no longer written" in page.content.decode() and "legacy span noop of job" in page.content.decode()
+    assert staff_client.post(f"/admin/workers/span/{old.pk}/change/", {"name": "edited"}).status_code == 403
+    assert staff_client.get("/admin/workers/span/add/").status_code == 403
+    assert Span.objects.get(pk=old.pk).name == "noop"
