@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import IO
 
 from django.conf import settings
@@ -271,3 +272,19 @@ def housekeeping(*, clean_temp: bool = True, since: timedelta = timedelta(hours=
         if recent:
             removed = remove_stale_temp_objects(export_ids=recent)
     return settled, removed
+
+
+# -- retention (workers.hooks.register_retention) ---------------------------------------------
+
+
+def keep_jobs_of_unsettled_exports(job_ids: Sequence[int], cutoff: datetime) -> set[int]:
+    """A finished job whose export the beat has not settled yet stays: settling reads the job."""
+    return set(
+        Export.objects.filter(job_id__in=list(job_ids)).exclude(state__in=EXPORT_TERMINAL_STATES).values_list("job_id", flat=True)
+    )
+
+
+def forget_jobs_of_exports(job_ids: Sequence[int]) -> int:
+    """Inside a prune batch's transaction: a settled export outlives its job (on_delete SET_NULL):
+    its record, file and download stay; only the link to the job goes."""
+    return Export.objects.filter(job_id__in=list(job_ids)).update(job=None)

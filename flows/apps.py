@@ -15,3 +15,6 @@ class FlowsConfig(AppConfig):
         # makes its dependants due in the same commit (flows.services.on_transitions).
         hooks.register_on_transition("flows", services.on_transitions)
         hooks.register_beat_task("flows", services.beat)
+        # Inside each prune batch (workers.services.retention): a live or young run keeps its
+        # steps' jobs; a finished run goes with its last job.
+        hooks.register_retention("flows", keep=services.keep_jobs_of_live_runs, forget=services.forget_jobs_of_runs)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from flows import decide
@@ -632,3 +634,32 @@ def read_run(*, run_id: int, actor: str) -> Any:
             raise UnknownRun(f"no run {run_id!r}")
         record_audit(actor=actor, action=AuditAction.READ, target_type="run", target_id=run_id)
     return view
+
+
+# -- retention (workers.hooks.register_retention) -----------------------------------------------------------------------
+
+
+def keep_jobs_of_live_runs(job_ids: Sequence[int], cutoff: datetime) -> set[int]:
+    """Inside a prune batch: a step's job stays while its run is live, or finished after the cutoff
+    (a young run's journal shows every step, however old its first steps' jobs)."""
+    keeping = Run.objects.filter(Q(state__in=LIVE_RUN_STATES) | Q(finished_at__gte=cutoff)).values("id")
+    return set(Job.objects.filter(id__in=list(job_ids), run_id__in=keeping).values_list("id", flat=True))
+
+
+def forget_jobs_of_runs(job_ids: Sequence[int]) -> int:
+    """Inside a prune batch, before the engine deletes ``job_ids``: a finished run none of whose
+    other jobs remain goes with them (its steps and signals too: on_delete CASCADE); a run that
+    keeps other jobs (one an open operation pins) keeps its steps, whose link to a pruned job is
+    set NULL (on_delete SET_NULL). Rows deleted or detached."""
+    ids = list(job_ids)
+    run_ids: set[int] = {
+        run_id for run_id in Job.objects.filter(id__in=ids).values_list("run_id", flat=True) if run_id is not None
+    }
+    run_ids |= set(RunStep.objects.filter(job_id__in=ids).values_list("run_id", flat=True))
+    if not run_ids:
+        return 0
+    others = Job.objects.filter(run_id=OuterRef("id")).exclude(id__in=ids)
+    ending = Run.objects.filter(id__in=run_ids, state__in=TERMINAL_RUN_STATES).exclude(Exists(others))
+    deleted, _ = ending.delete()
+    detached = RunStep.objects.filter(job_id__in=ids).update(job=None)
+    return deleted + detached

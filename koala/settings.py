@@ -74,6 +74,17 @@ try:
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
+    # Retention (docs/operations.md, "Retention"): finished jobs, their attempts and what hangs on
+    # them are deleted this many days after they finished, by the beat, in batches of
+    # KOALA_RETENTION_BATCH_SIZE rows (at most KOALA_RETENTION_BATCHES per pass, one pass every
+    # KOALA_RETENTION_INTERVAL_SECONDS). 0 keeps everything forever (no pruning at all).
+    KOALA_RETENTION_DAYS = env.integer("KOALA_RETENTION_DAYS", 30, minimum=0)
+    KOALA_RETENTION_BATCH_SIZE = env.integer("KOALA_RETENTION_BATCH_SIZE", 1000, minimum=1)
+    if KOALA_RETENTION_BATCH_SIZE > 10_000:
+        # One batch is one transaction holding its rows' locks: bounded, so it stays short.
+        raise ConfigError(f"KOALA_RETENTION_BATCH_SIZE={KOALA_RETENTION_BATCH_SIZE} must be at most 10000.")
+    KOALA_RETENTION_BATCHES = env.integer("KOALA_RETENTION_BATCHES", 5, minimum=1)
+    KOALA_RETENTION_INTERVAL_SECONDS = env.number("KOALA_RETENTION_INTERVAL_SECONDS", 60.0, minimum=1.0)
     # The worker API (docs/worker-api.md): the long-poll's idle look interval (never more than
     # twice a second), how long an acquire waits, the largest body, the API's database threads.
     KOALA_API_POLL_SECONDS = env.number("KOALA_API_POLL_SECONDS", 1.0, minimum=0.5)

@@ -16,6 +16,9 @@ class ReviewsConfig(AppConfig):
         hooks.register_beat_task("reviews", _expire_reviews)
         # Inside cancel_job's transaction, after it locked the job row (lock order job, then review).
         hooks.register_on_cancel("reviews", services.withdraw_open_reviews)
+        # Inside each prune batch (workers.services.retention): open reviews keep their job,
+        # decided ones go with it.
+        hooks.register_retention("reviews", keep=services.keep_jobs_with_open_reviews, forget=services.forget_reviews)
 
 
 def _expire_reviews() -> dict[str, int]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -29,7 +30,7 @@ from django.utils import timezone
 from koala.audit import AuditAction, record_audit
 from koala.redaction import redact_text
 from reviews import sql as reviews_sql
-from reviews.models import ReviewRequest, ReviewState
+from reviews.models import OPEN_REVIEW_STATES, ReviewRequest, ReviewState
 from workers import sql
 from workers.errors import SafetyError
 from workers.models import FailureReason, Job, JobState, ParkReason
@@ -336,3 +337,21 @@ def withdraw_open_reviews(*, job_id: int, actor: str) -> int:
         )
         count += 1
     return count
+
+
+# -- retention (workers.hooks.register_retention) ---------------------------------------------
+
+
+def keep_jobs_with_open_reviews(job_ids: Sequence[int], cutoff: datetime) -> set[int]:
+    """A finished job with a review still open (pending, or approved and unused) stays until the
+    review ends (its expiry on the beat); none should remain once a job ends, so this is a guard."""
+    return set(
+        ReviewRequest.objects.filter(job_id__in=list(job_ids), state__in=OPEN_REVIEW_STATES).values_list("job_id", flat=True)
+    )
+
+
+def forget_reviews(job_ids: Sequence[int]) -> int:
+    """Inside a prune batch's transaction: the decided reviews of jobs about to be deleted go with
+    them (on_delete CASCADE). Who decided what stays in the audit log (review.* rows)."""
+    deleted, _ = ReviewRequest.objects.filter(job_id__in=list(job_ids)).delete()
+    return deleted

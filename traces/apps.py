@@ -17,3 +17,5 @@ class TracesConfig(AppConfig):
         # Inside the transaction that records an attempt's end: the spans its body recorded.
         hooks.register_span_sink("traces", services.record_body_spans)
         hooks.register_beat_task("traces", services.export_tick)
+        # Inside each prune batch (workers.services.retention): a pruned job's spans go with it.
+        hooks.register_retention("traces", forget=services.forget_spans)

@@ -134,3 +134,13 @@ def export_tick() -> dict[str, Any]:
     if report.failed:
         log.warning("traces: the OTLP receiver did not take %d spans; they are sent again next tick", report.failed)
     return {"exported": report.exported, "failed": report.failed}
+
+
+# -- retention (workers.hooks.register_retention) ------------------------------------------------------------------
+
+
+def forget_spans(job_ids: Sequence[int]) -> int:
+    """Inside a prune batch's transaction: the spans of jobs about to be deleted go with them
+    (on_delete CASCADE; an unexported span past the retention window is dropped unexported)."""
+    deleted, _ = Span.objects.filter(job_id__in=list(job_ids)).delete()
+    return deleted

@@ -18,7 +18,11 @@ registry, which each app fills in its ``AppConfig.ready``:
   recorded (``ctx.span``, the ledger's operations, an HTTP worker's reported spans), to store with
   it (``traces`` keeps them and exports them); with no sink registered they are dropped;
 - **span parents**: who says which span a job's attempt spans hang under (a workflow's step span);
-  without one an attempt's span is a root of the job's trace.
+  without one an attempt's span is a root of the job's trace;
+- **retention**: asked, inside each prune batch's transaction (``workers.services.retention``),
+  which of the finished jobs about to be deleted must stay (a workflow's live run, an unsettled
+  export, an open review), then told which go, to delete or detach the app's own rows that
+  reference them (spans, reviews) before the engine deletes the jobs in the same commit.
 
 Registration is idempotent by name, so a second ``ready()`` (tests, autoreload) replaces
 rather than duplicates. The registry holds callables only; it never imports an app.
@@ -124,6 +128,23 @@ class AttemptSpans:
 
 
 SpanSink = Callable[[AttemptSpans], None]
+
+
+@dataclass(frozen=True)
+class Retention:
+    """An app's part in pruning finished jobs (``register_retention``). Both are called inside the
+    batch's transaction, the job rows already locked, with at most one batch of ids.
+
+    ``keep(job_ids, cutoff)`` → the ids among them that must stay (their rows stay, untouched,
+    until a later pass asks again; ``cutoff`` is the pass's "finished before", for an app's own
+    rows' age); ``forget(job_ids)`` deletes (or detaches: SET NULL) the app's rows
+    that reference those jobs or their attempts and returns how many rows it touched."""
+
+    name: str
+    keep: Callable[[Sequence[int], datetime], set[int]] | None = None
+    forget: Callable[[Sequence[int]], int] | None = None
+
+
 # Job ids → the span id their attempt spans hang under (ids it does not know are left out).
 SpanParents = Callable[[Sequence[int]], Mapping[int, str]]
 
@@ -133,6 +154,7 @@ _on_transition: dict[str, OnTransition] = {}
 _span_sinks: dict[str, SpanSink] = {}
 _span_parents: dict[str, SpanParents] = {}
 _review_gate: ReviewGate | None = None
+_retention: dict[str, Retention] = {}
 
 
 def register_beat_task(name: str, run: Callable[[], Any]) -> None:
@@ -211,6 +233,37 @@ def span_parents(job_ids: Sequence[int]) -> dict[int, str]:
     for resolver in list(_span_parents.values()):
         found.update(resolver(job_ids))
     return found
+
+
+def register_retention(
+    name: str,
+    *,
+    keep: Callable[[Sequence[int], datetime], set[int]] | None = None,
+    forget: Callable[[Sequence[int]], int] | None = None,
+) -> None:
+    _retention[name] = Retention(name=name, keep=keep, forget=forget)
+
+
+def unregister_retention(name: str) -> None:
+    _retention.pop(name, None)
+
+
+def retention_keeps(job_ids: Sequence[int], cutoff: datetime) -> set[int]:
+    """The ids among ``job_ids`` that some app says must stay."""
+    kept: set[int] = set()
+    for part in list(_retention.values()):
+        if part.keep is not None and job_ids:
+            kept |= part.keep(job_ids, cutoff)
+    return kept
+
+
+def retention_forget(job_ids: Sequence[int]) -> dict[str, int]:
+    """Each app deletes or detaches its rows under ``job_ids``: rows touched, by app."""
+    touched: dict[str, int] = {}
+    for part in list(_retention.values()):
+        if part.forget is not None and job_ids:
+            touched[part.name] = part.forget(job_ids)
+    return touched
 
 
 def register_review_gate(gate: ReviewGate) -> None:

@@ -706,6 +706,76 @@ WHERE o.id = %s AND j.id = o.job_id AND o.state IN ('in_flight', 'uncertain')
   AND ((j.state = 'parked' AND j.park_reason = 'needs_attention') OR j.state IN ('succeeded', 'failed', 'cancelled'))
 """
 
+# -- retention (workers.services.retention, workers.selectors.retention) ------------------------------
+
+# What makes a finished job prunable, besides its age: no operation of its is open (in flight or
+# uncertain: an outcome nobody knows yet must stay, and its job with it), and no job retrying it
+# (retry_of) is live or young (the retry carries the original's operation keys and links to it).
+# %(cutoff)s is now() - KOALA_RETENTION_DAYS, computed once by the caller.
+_PRUNABLE = """
+j.finished_at < %(cutoff)s
+AND j.state IN ('succeeded', 'failed', 'cancelled')
+AND NOT EXISTS (SELECT 1 FROM workers_operation o WHERE o.job_id = j.id AND o.state IN ('in_flight', 'uncertain'))
+AND NOT EXISTS (
+    SELECT 1 FROM workers_job r WHERE r.retry_of_id = j.id
+    AND NOT (r.state IN ('succeeded', 'failed', 'cancelled') AND r.finished_at < %(cutoff)s))
+"""
+
+# One batch of prunable jobs, oldest first, locked for the batch's transaction. SKIP LOCKED: a row
+# someone holds (an operator's requeue or retry of it, another beat replica's batch) is left for
+# a later pass, so the prune never waits on anyone and two replicas take disjoint batches; live
+# jobs (the only rows a worker locks) never match. The keyset (%(after_at)s, %(after_id)s) moves
+# a pass past the rows an app kept, so they cannot fill every batch. Planner note: the range on
+# finished_at is job_finished_cover_idx's (finished_at IS NOT NULL); no index of its own is needed.
+PRUNE_PICK = (
+    "SELECT j.id, j.finished_at FROM workers_job j WHERE "  # noqa: S608 - composed from constants at import
+    + _PRUNABLE
+    + """AND (j.finished_at, j.id) > (%(after_at)s, %(after_id)s)
+ORDER BY j.finished_at, j.id
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED"""
+)
+
+# Delete jobs %(ids)s (picked and locked by PRUNE_PICK, minus what the apps kept; the apps' rows
+# under them already gone in this transaction) and what hangs on them, in one round trip: their
+# operations (all settled or failed: PRUNE_PICK left the open ones' jobs), legacy spans, attempts.
+# What Django's on_delete would do for rows that stay: a job retrying one of them forgets its
+# retry_of (SET_NULL), an operation of a kept job naming one of their attempts forgets it
+# (SET_NULL: a retry's attempt can settle its original's carried operation). The foreign keys are
+# DEFERRABLE INITIALLY DEFERRED, so the order of the CTEs does not matter: all hold at commit.
+PRUNE_DELETE = """
+WITH unlinked AS (
+    UPDATE workers_job SET retry_of_id = NULL WHERE retry_of_id = ANY(%(ids)s) AND NOT (id = ANY(%(ids)s)) RETURNING 1
+), detached AS (
+    UPDATE workers_operation SET attempt_id = NULL
+    WHERE attempt_id IN (SELECT id FROM workers_attempt WHERE job_id = ANY(%(ids)s)) AND NOT (job_id = ANY(%(ids)s))
+    RETURNING 1
+), operations AS (
+    DELETE FROM workers_operation WHERE job_id = ANY(%(ids)s) RETURNING 1
+), legacy_spans AS (
+    DELETE FROM workers_span WHERE job_id = ANY(%(ids)s) RETURNING 1
+), attempts AS (
+    DELETE FROM workers_attempt WHERE job_id = ANY(%(ids)s) RETURNING 1
+), jobs AS (
+    DELETE FROM workers_job WHERE id = ANY(%(ids)s) RETURNING 1
+)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM attempts), (SELECT count(*) FROM operations)
+"""
+
+# koala_prune --dry-run: how many jobs (and their attempts) the engine's rules would prune now,
+# before the apps' keeps (a workflow's live run, an unsettled export, an open review).
+COUNT_PRUNABLE = (
+    "SELECT count(*), COALESCE(sum((SELECT count(*) FROM workers_attempt a WHERE a.job_id = j.id)), 0) "  # noqa: S608 - constants
+    "FROM workers_job j WHERE " + _PRUNABLE
+)
+
+# koala_prune --dry-run: finished jobs past the window that an open operation keeps.
+COUNT_PINNED_BY_OPERATIONS = """
+SELECT count(DISTINCT o.job_id) FROM workers_operation o JOIN workers_job j ON j.id = o.job_id
+WHERE o.state IN ('in_flight', 'uncertain') AND j.finished_at < %(cutoff)s AND j.state IN ('succeeded', 'failed', 'cancelled')
+"""
+
+
 # -- session bounds (workers.dbsession) ----------------------------------------------------------------
 
 # Bound this session's statements, lock waits and idle transactions (params: the three durations).

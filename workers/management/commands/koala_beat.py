@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.db import connection
 
 from koala import cli
 from workers.dbsession import bound_sessions
+from workers.services import retention
 from workers.services.maintenance import dispatch, reap, safety_tick
 
 log = logging.getLogger("koala.beat")
@@ -34,8 +36,9 @@ class Command(BaseCommand):
     help = (
         "Run the dispatcher and reaper loop: requeue or fail expired leases, fail jobs past their deadline, "
         "lift expired pauses, unpark jobs whose budget has room, trip the circuit breaker, run the installed apps' "
-        "beat tasks (undecided reviews expire, exports settle), and re-ring RQ for every due job from database "
-        "state. Any number of replicas may run."
+        "beat tasks (undecided reviews expire, exports settle), re-ring RQ for every due job from database "
+        "state, and every KOALA_RETENTION_INTERVAL_SECONDS prune finished jobs older than KOALA_RETENTION_DAYS in "
+        "bounded batches. Any number of replicas may run."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -56,6 +59,7 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: stop.set())
+        prune_at = 0.0  # monotonic: the first tick prunes, then every KOALA_RETENTION_INTERVAL_SECONDS
         while True:
             try:
                 report = reap()
@@ -82,6 +86,13 @@ class Command(BaseCommand):
                         report.deadline_failed,
                         rung,
                     )
+                # Last, so a long backlog of old jobs never delays reaping or dispatch; bounded
+                # (KOALA_RETENTION_BATCHES batches), the rest waits for the next pass.
+                if time.monotonic() >= prune_at:
+                    prune_at = time.monotonic() + settings.KOALA_RETENTION_INTERVAL_SECONDS
+                    pruned = retention.prune()
+                    if pruned.jobs or pruned.kept:
+                        log.info("beat: retention %s", _loggable(pruned.loggable()))
             except Exception as exc:  # a database blip must not kill the beat; the next tick retries
                 log.warning("beat tick failed: %s: %s", type(exc).__name__, exc)
                 connection.close()
