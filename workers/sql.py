@@ -51,6 +51,9 @@ LIVE_LEASE = (
     "id = %(job_id)s AND lease_token = %(lease_token)s AND state IS NOT DISTINCT FROM 'running' AND lease_expires_at > now()"
 )
 
+# The same fence for each row r of a batch (r.job_id, r.token): COMPLETE_MANY, HEARTBEAT_MANY.
+LIVE_LEASE_ROW = LIVE_LEASE.replace("%(job_id)s", "r.job_id").replace("%(lease_token)s", "r.token")
+
 # The strict fence: lock attempt (job_id, lease_token)'s job row for the rest of the transaction,
 # or return nothing. Under READ COMMITTED an ``EXISTS (…lease_token = mine…)`` inside an INSERT into
 # another table is evaluated on the statement's snapshot and locks nothing: the reaper can requeue
@@ -339,7 +342,7 @@ RELEASE = _finish(
 _COMPLETE_MANY = """
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
-        job_id bigint, lease_token bigint, result jsonb, state_delta jsonb, add_usage jsonb,
+        job_id bigint, token bigint, result jsonb, state_delta jsonb, add_usage jsonb,
         compute_seconds float8, db_wait_seconds float8, storage_wait_seconds float8)
 ), j AS (
     UPDATE workers_job w
@@ -347,9 +350,8 @@ WITH r AS (
         finished_at = now(),
         lease_holder = NULL, lease_expires_at = NULL, updated_at = now(), usage = {job_usage}
     FROM r
-    WHERE w.id = r.job_id AND w.lease_token = r.lease_token AND w.state IS NOT DISTINCT FROM 'running'
-      AND w.lease_expires_at > now()
-    RETURNING w.id, w.kind, w.version, w.queue, w.state, w.failure_reason, {tenant} AS tenant, r.lease_token AS token
+    WHERE {fence}
+    RETURNING w.id, w.kind, w.version, w.queue, w.state, w.failure_reason, {tenant} AS tenant, r.token
 ), a AS (
     UPDATE workers_attempt x
     SET outcome = 'succeeded', finished_at = now(), error_class = '', error_message = '',
@@ -381,18 +383,16 @@ COMPLETE_MANY = _COMPLETE_MANY.format(
     .replace("(usage->>k)", "(x.usage->>k)")
     .replace("usage ||", "x.usage ||"),
     tenant=_JOB_TENANT.replace("input", "w.input"),
+    fence=LIVE_LEASE_ROW,
 )
 
 # Extend the leases of attempts %(job_ids)s / %(tokens)s (parallel arrays) that are still live, each
 # fenced by its own token: the leases an RQ worker holds for jobs of its batch that wait their turn
 # (or whose completion waits for the batch's end). Returns the job ids still held.
-HEARTBEAT_MANY = """
-UPDATE workers_job w SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), heartbeat_at = now()
-FROM unnest(%(job_ids)s::bigint[], %(tokens)s::bigint[]) AS h(job_id, lease_token)
-WHERE w.id = h.job_id AND w.lease_token = h.lease_token AND w.state IS NOT DISTINCT FROM 'running'
-  AND w.lease_expires_at > now()
-RETURNING w.id
-"""
+HEARTBEAT_MANY = (
+    "UPDATE workers_job w SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), heartbeat_at = now() "  # noqa: S608 (composed from constant fragments; values are bound)
+    "FROM unnest(%(job_ids)s::bigint[], %(tokens)s::bigint[]) AS r(job_id, token) WHERE " + LIVE_LEASE_ROW + " RETURNING w.id"
+)
 
 # -- the beat (workers.services.maintenance) ---------------------------------------------------------
 

@@ -289,7 +289,7 @@ def _completion_row(ending: Ending) -> dict[str, Any]:
     report = ending.report or Report()
     return {
         "job_id": ending.lease.job_id,
-        "lease_token": ending.lease.lease_token,
+        "token": ending.lease.lease_token,
         "result": decision.result,  # the whole batch is one JSON document (json.dumps default=str)
         "state_delta": decision.state_delta or {},
         "add_usage": countable(report.usage),
