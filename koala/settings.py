@@ -73,6 +73,10 @@ try:
     KOALA_BEAT_INTERVAL_SECONDS = env.number("KOALA_BEAT_INTERVAL_SECONDS", 2.0, minimum=0.05)
     KOALA_DRAIN_BATCH = env.integer("KOALA_DRAIN_BATCH", 200, minimum=1)
     KOALA_DRAIN_SECONDS = env.number("KOALA_DRAIN_SECONDS", 5.0, minimum=0.1)
+    # Batch claims (docs/engine.md): at most this many jobs per claim statement (1 turns batching off),
+    # and how long a batch's completions may wait in memory for the batch's one write.
+    KOALA_CLAIM_BATCH = env.integer("KOALA_CLAIM_BATCH", 16, minimum=1)
+    KOALA_BATCH_COMPLETE_SECONDS = env.number("KOALA_BATCH_COMPLETE_SECONDS", 1.0, minimum=0.01)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
     # Retention (docs/operations.md, "Retention"): finished jobs, their attempts and what hangs on
     # them are deleted this many days after they finished, by the beat, in batches of

@@ -74,9 +74,14 @@ def ring(queue: str, jobs: Iterable[tuple[int, int]], *, depth: int | None = Non
     """
     limit = settings.KOALA_DOORBELL_DEPTH if depth is None else depth
     try:
-        redis_connection().publish(channel("doorbell"), queue)
         q = rq_queue(queue)
-        room = limit - q.count
+        # The wake-up for HTTP pollers and the pending count in one round trip: when a ring is
+        # already pending (the queue is at its depth) this is all the Redis work an enqueue does.
+        pipe = redis_connection().pipeline(transaction=False)
+        pipe.publish(channel("doorbell"), queue)
+        pipe.llen(q.key)
+        _published, pending = pipe.execute()
+        room = limit - int(pending)
         if room <= 0:
             return 0
         batch: list[EnqueueData] = []

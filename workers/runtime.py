@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from koala import redaction
 from workers import doorbell, kinds, outcomes, transitions
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
+from workers.models import Delivery
 from workers.services import leases, pauses
 from workers.services.leases import ClaimPass, Lease
 from workers.transitions import Report
@@ -56,6 +58,15 @@ class WorkerRuntime:
         self._in_body = False
         self._alarm_reason = ""
         self._heartbeat: threading.Thread | None = None
+        # The batch (docs/engine.md, "Batch claims"): leases claimed and not started yet (they
+        # wait their turn), and completions recorded in memory, written together by _flush. Both
+        # are held leases the heartbeat thread keeps alive; _held_lock guards them across threads.
+        self._held_lock = threading.Lock()
+        self._waiting: list[Lease] = []
+        self._lost: set[int] = set()  # job ids of waiting leases a heartbeat found taken
+        self._done: list[_Done] = []
+        self._held_beat_at = 0.0
+        self._done_since = 0.0
 
     def configure(self, *, name: str, queues: list[str]) -> None:
         self.name = name
@@ -131,6 +142,7 @@ class WorkerRuntime:
         while True:
             interval = float(settings.KOALA_HEARTBEAT_SECONDS)
             time.sleep(min(interval, 0.25))
+            self._keep_held(interval)
             ctx = self.current
             if ctx is None:
                 # Idle: hold no database session (lets a deploy or test drop the database).
@@ -139,6 +151,31 @@ class WorkerRuntime:
             if ctx.rejection is None and time.monotonic() - ctx.last_beat_at >= interval:
                 ctx.last_beat_at = time.monotonic()
                 self.beat(ctx)
+
+    def _keep_held(self, interval: float) -> None:
+        """Heartbeat thread: keep the batch's held leases (waiting their turn, or completed and
+        waiting for the batch's write) alive, and write completions that have waited longer than
+        KOALA_BATCH_COMPLETE_SECONDS (a long body later in the batch must not hold them back)."""
+        now = time.monotonic()
+        with self._held_lock:
+            done_due = bool(self._done) and now - self._done_since >= float(settings.KOALA_BATCH_COMPLETE_SECONDS)
+            held = [*self._waiting, *(d.ending.lease for d in self._done)] if now - self._held_beat_at >= interval else []
+        if done_due:
+            self._flush()
+        if not held:
+            return
+        self._held_beat_at = now
+        try:
+            live = leases.heartbeat_many(held=held, lease_seconds=self.lease_seconds)
+        except (OperationalError, InterfaceError) as exc:
+            log.warning("heartbeat for %d held jobs failed: %s", len(held), type(exc).__name__)
+            connection.close()
+            return
+        lost = {lease.job_id for lease in held} - live
+        if lost:
+            with self._held_lock:
+                self._lost |= lost  # a waiting one is skipped; a completed one's write is refused
+            log.warning("jobs %s: their held leases were lost while waiting in the batch", sorted(lost))
 
     def beat(self, ctx: JobContext) -> None:
         try:
@@ -207,7 +244,18 @@ class WorkerRuntime:
         )
         if isinstance(ending, outcomes.Raised) and ending.classification is outcomes.Classification.CONNECTION_LOST:
             connection.close()  # the session is broken: the report (or the next job) opens a new one
-        self._report(lease, outcomes.decide(ending, lease, kind, rejected=ctx.rejection), report, elapsed=elapsed)
+        decision = outcomes.decide(ending, lease, kind, rejected=ctx.rejection)
+        if self._batching and isinstance(decision, outcomes.Complete) and lease.delivery == Delivery.AT_LEAST_ONCE:
+            # Written with the rest of the batch's completions, in one statement (_flush). Only an
+            # at_least_once job's: if this process dies first, the lease expires and the reaper
+            # requeues it (the body runs again; its effects are the ledger's). An at_most_once
+            # completion is written now.
+            with self._held_lock:
+                if not self._done:
+                    self._done_since = time.monotonic()
+                self._done.append(_Done(transitions.Ending(decision, lease, report, ctx.redactor), elapsed))
+            return
+        self._report(lease, decision, report, elapsed=elapsed)
 
     def _run_body(self, ctx: JobContext, kind: kinds.JobKind) -> outcomes.Ending:
         """Call the body under the alarms and say how it ended. Nothing here writes."""
@@ -256,19 +304,47 @@ class WorkerRuntime:
         reporting = transitions.outcome_of(decision)
         if reporting is None:
             return None
-        rejection: Rejection | None = None
+        answers = self._write([transitions.Ending(decision, lease, report)])
+        if answers is None:
+            return None
+        return self._reported(lease, decision, answers[0], elapsed=elapsed)
+
+    def _write(self, endings: list[transitions.Ending]) -> list[Rejection | None] | None:
+        """The one transition writer, retried through a dropped connection (None: gave up)."""
+        what = ", ".join(f"{e.lease.job_id}" for e in endings)
         for retry in range(4):
             try:
-                rejection = transitions.end_attempt(decision, lease, report)
-                break
+                if len(endings) == 1:
+                    e = endings[0]
+                    return [transitions.end_attempt(e.decision, e.lease, e.report)]
+                return transitions.end_attempts(endings)
             except (OperationalError, InterfaceError) as exc:
                 # The commit may or may not have happened; the repeat answers already_recorded if it did.
-                log.warning("job %s: reporting %s failed (%s); retrying", lease.job_id, reporting, type(exc).__name__)
+                log.warning("jobs %s: reporting their ends failed (%s); retrying", what, type(exc).__name__)
                 connection.close()
                 time.sleep(0.2 * 2**retry)
-        else:
-            log.error("job %s: could not report %s; the lease will expire and the reaper decides", lease.job_id, reporting)
-            return None
+        log.error("jobs %s: could not report their ends; the leases will expire and the reaper decides", what)
+        return None
+
+    def _flush(self) -> None:
+        """Write the batch's completions held in memory: one statement for all (end_attempts)."""
+        with self._held_lock:
+            done, self._done = self._done, []
+        if not done:
+            return
+        answers = self._write([d.ending for d in done])
+        if answers is None:
+            return
+        for d, rejection in zip(done, answers, strict=True):
+            with redaction.bind(d.ending.redactor or redaction.EMPTY):
+                self._reported(d.ending.lease, d.ending.decision, rejection, elapsed=d.elapsed)
+
+    def _reported(
+        self, lease: Lease, decision: outcomes.Decision, rejection: Rejection | None, *, elapsed: float
+    ) -> Rejection | None:
+        """The line a person reads for an attempt's recorded (or refused) end."""
+        attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
+        reporting = transitions.outcome_of(decision)
         if rejection is None or rejection is Rejection.ALREADY_RECORDED:
             # The one line per attempt a person reads (RQ's own lines name the doorbell, not the job).
             match decision:
@@ -286,6 +362,48 @@ class WorkerRuntime:
         elif rejection is Rejection.LEASE_EXPIRED:
             log.warning("job %s: lease expired before the %s report; the reaper requeues or fails it", lease.job_id, reporting)
         return rejection
+
+    @property
+    def _batching(self) -> bool:
+        return bool(self._waiting) or self._in_batch
+
+    _in_batch = False
+
+    def _run_batch(self, got: list[Lease]) -> int:
+        """Run claimed leases in turn; the ones not started yet wait in ``_waiting`` (held alive by
+        the heartbeat thread). Returns how many ran."""
+        ran = 0
+        with self._held_lock:
+            self._waiting = list(got[1:])
+            self._held_beat_at = time.monotonic()
+        self._in_batch = len(got) > 1
+        try:
+            for i, lease in enumerate(got):
+                if i > 0:
+                    if self.shutdown_requested.is_set():
+                        break  # the rest are given back unstarted (_give_back_waiting)
+                    with self._held_lock:
+                        self._waiting.remove(lease)
+                        lost = lease.job_id in self._lost
+                    if lost:
+                        # Its lease was taken while it waited (the reaper, an operator): its body
+                        # never started, and now it never will here.
+                        log.warning("job %s: lease lost while waiting in the batch; not started", lease.job_id)
+                        continue
+                self.run(lease)
+                ran += 1
+        finally:
+            self._in_batch = False
+        return ran
+
+    def _give_back_waiting(self) -> None:
+        """Leases of the batch that never started (shutdown, an error): back to the queue, no attempt used."""
+        with self._held_lock:
+            waiting, self._waiting = self._waiting, []
+            waiting = [lease for lease in waiting if lease.job_id not in self._lost]
+            self._lost = set()
+        if waiting:
+            transitions.give_back(waiting, why="the worker stopped before starting it")
 
     def drain(self, *, first_job_id: int | None, origin_queue: str) -> int:
         """Claim and run the named job, then further due jobs, within the batch bounds."""
@@ -319,21 +437,60 @@ class WorkerRuntime:
                 if missed is not None and missed.capable and hops < missed.incapable:
                     doorbell.pass_on(missed.queue, first_job_id, missed.version, hops=hops + 1)
         exhausted = False
-        while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
-            got = leases.claim_from(
-                queues=queues, served=served, worker=self.name, lease_seconds=self.lease_seconds, count=1, state=state
-            )
-            if not got:
-                exhausted = True
-                break
-            self.run(got[0])
-            ran += 1
+        # Batch claims (docs/engine.md, "Batch claims"): claim up to `size` due jobs in one
+        # statement, run them in turn, write their completions in one statement. `size` doubles
+        # while claims come back full of batchable jobs, up to KOALA_CLAIM_BATCH, and falls back
+        # to what the queue gave (1 on a thin queue). Only while no budget gates claims: a gated
+        # claim admits each job against its concurrency limit, which a waiting job would hold.
+        limit = 1 if state.gated else int(settings.KOALA_CLAIM_BATCH)
+        size = 1
+        try:
+            while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
+                want = min(size, batch - ran)
+                got = leases.claim_from(
+                    queues=queues,
+                    served=served,
+                    worker=self.name,
+                    lease_seconds=self.lease_seconds,
+                    count=want,
+                    state=state,
+                    batchable=want > 1,
+                )
+                if not got and want > 1:
+                    # The batch claim takes only jobs that may wait (sql.CLAIM_NEXT_MANY): one of
+                    # any delivery, as before, so an at_most_once job (or a last attempt) runs too.
+                    got = leases.claim_from(
+                        queues=queues, served=served, worker=self.name, lease_seconds=self.lease_seconds, count=1, state=state
+                    )
+                if not got:
+                    exhausted = True
+                    break
+                full = len(got) == want and all(_batchable(lease) for lease in got)
+                size = min(size * 2, limit) if full else max(1, min(len(got), size))
+                ran += self._run_batch(got)
+                self._flush()
+        finally:
+            self._give_back_waiting()
+            self._flush()
         if not exhausted and not self.shutdown_requested.is_set():
             # We stopped at the batch bound with work possibly left: ring so it continues.
             from workers.services.maintenance import dispatch
 
             dispatch()
         return ran
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A completion of the batch held in memory until _flush writes it."""
+
+    ending: transitions.Ending
+    elapsed: float
+
+
+def _batchable(lease: Lease) -> bool:
+    """Whether ``lease`` is a job a batch claim would take (sql.CLAIM_NEXT_MANY's ``batchable``)."""
+    return lease.delivery == Delivery.AT_LEAST_ONCE and lease.attempts < lease.max_attempts
 
 
 def _in_main_thread() -> bool:

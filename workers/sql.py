@@ -51,6 +51,9 @@ LIVE_LEASE = (
     "id = %(job_id)s AND lease_token = %(lease_token)s AND state IS NOT DISTINCT FROM 'running' AND lease_expires_at > now()"
 )
 
+# The same fence for each row r of a batch (r.job_id, r.token): COMPLETE_MANY, HEARTBEAT_MANY.
+LIVE_LEASE_ROW = LIVE_LEASE.replace("%(job_id)s", "r.job_id").replace("%(lease_token)s", "r.token")
+
 # The strict fence: lock attempt (job_id, lease_token)'s job row for the rest of the transaction,
 # or return nothing. Under READ COMMITTED an ``EXISTS (…lease_token = mine…)`` inside an INSERT into
 # another table is evaluated on the statement's snapshot and locks nothing: the reaper can requeue
@@ -190,10 +193,15 @@ CLAIM_NEXT = _CLAIM.format(
 )
 
 # Claim up to %(n)s next due jobs of %(queue)s at once (one statement, one commit), as CLAIM_NEXT
-# picks them: for a worker asking for several leases (the HTTP protocol's acquire), when no
-# budget gates claims (a gated claim admits each job in its own transaction: leases._claim).
+# picks them: for a worker asking for several leases (the HTTP protocol's acquire, an RQ worker's
+# batch claim), when no budget gates claims (a gated claim admits each job in its own transaction:
+# leases._claim). %(batchable)s true (the RQ runtime's batch, whose jobs wait their turn) takes
+# only jobs that may safely wait unstarted behind others: at_least_once with an attempt left after
+# this one, so if the worker dies before starting one, the reaper requeues it (an at_most_once job
+# would be failed orphaned without its body ever having run; a job on its last attempt, failed).
+_BATCHABLE = "(NOT %(batchable)s OR (delivery = 'at_least_once' AND attempts + 1 < max_attempts))"
 CLAIM_NEXT_MANY = _CLAIM.format(
-    where=_NEXT_IN_QUEUE,
+    where=_NEXT_IN_QUEUE + " AND " + _BATCHABLE,
     queued="state = 'queued'",
     not_paused=_JOB_NOT_PAUSED,
     columns=LEASE_COLUMNS,
@@ -321,6 +329,69 @@ PARK = _finish(
 # Back to the queue without using an attempt (shutdown, a stop pause, an unservable kind, a wait to reconcile).
 RELEASE = _finish(
     "state = 'queued', attempts = attempts - 1, scheduled_at = now() + make_interval(secs => %(delay_seconds)s)",
+)
+
+# Succeeded, for a batch of attempts at once (transitions.end_attempts): COMPLETE's effect on
+# every row of %(rows)s (a JSON array of {job_id, lease_token, result, state_delta, usage,
+# compute_seconds, db_wait_seconds, storage_wait_seconds}) in one statement. Each row is fenced by
+# its own (job_id, lease_token) exactly as LIVE_LEASE fences one: a row whose lease was lost
+# matches nothing and is left out of what the statement returns, without touching the others
+# (the caller asks rejection_for about each missing one). The run time added to budgets is summed
+# per usage row (``run``): UPDATE … FROM applies one joined row per target row, so two attempts
+# counted on the same usage row must be added before the join.
+_COMPLETE_MANY = """
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
+        job_id bigint, token bigint, result jsonb, state_delta jsonb, add_usage jsonb,
+        compute_seconds float8, db_wait_seconds float8, storage_wait_seconds float8)
+), j AS (
+    UPDATE workers_job w
+    SET state = 'succeeded', result = COALESCE(r.result, 'null'::jsonb), run_state = w.run_state || r.state_delta,
+        finished_at = now(),
+        lease_holder = NULL, lease_expires_at = NULL, updated_at = now(), usage = {job_usage}
+    FROM r
+    WHERE {fence}
+    RETURNING w.id, w.kind, w.version, w.queue, w.state, w.failure_reason, {tenant} AS tenant, r.token
+), a AS (
+    UPDATE workers_attempt x
+    SET outcome = 'succeeded', finished_at = now(), error_class = '', error_message = '',
+        compute_seconds = r.compute_seconds, db_wait_seconds = r.db_wait_seconds,
+        storage_wait_seconds = r.storage_wait_seconds, usage = {attempt_usage}
+    FROM j JOIN r ON r.job_id = j.id
+    WHERE x.job_id = j.id AND x.lease_token = j.token
+    RETURNING x.id, x.job_id, x.started_at
+), locked AS (
+    SELECT u.id, EXTRACT(EPOCH FROM now() - a.started_at) AS seconds
+    FROM a JOIN j ON j.id = a.job_id, workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id
+    WHERE (b.run_seconds_limit IS NOT NULL OR b.attempt_limit IS NOT NULL)
+      AND (b.scope = 'global' OR (b.scope = 'queue' AND b.target = j.queue) OR (b.scope = 'kind' AND b.target = j.kind))
+      AND (b.tenant = '' OR b.tenant = j.tenant)
+      AND u.period = (a.started_at AT TIME ZONE b.timezone)::date
+    ORDER BY u.id
+    FOR UPDATE OF u
+), run AS (
+    UPDATE workers_budgetusage u SET run_seconds = u.run_seconds + l.seconds, updated_at = now()
+    FROM (SELECT id, sum(seconds) AS seconds FROM locked GROUP BY id) l WHERE u.id = l.id
+)
+SELECT j.id, j.kind, j.version, j.queue, j.state, j.failure_reason FROM j JOIN a ON a.job_id = j.id
+"""
+COMPLETE_MANY = _COMPLETE_MANY.format(
+    job_usage=_ADD_USAGE.replace("%(usage)s::jsonb", "r.add_usage")
+    .replace("(usage->>k)", "(w.usage->>k)")
+    .replace("usage ||", "w.usage ||"),
+    attempt_usage=_ADD_USAGE.replace("%(usage)s::jsonb", "r.add_usage")
+    .replace("(usage->>k)", "(x.usage->>k)")
+    .replace("usage ||", "x.usage ||"),
+    tenant=_JOB_TENANT.replace("input", "w.input"),
+    fence=LIVE_LEASE_ROW,
+)
+
+# Extend the leases of attempts %(job_ids)s / %(tokens)s (parallel arrays) that are still live, each
+# fenced by its own token: the leases an RQ worker holds for jobs of its batch that wait their turn
+# (or whose completion waits for the batch's end). Returns the job ids still held.
+HEARTBEAT_MANY = (
+    "UPDATE workers_job w SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), heartbeat_at = now() "  # noqa: S608 (composed from constant fragments; values are bound)
+    "FROM unnest(%(job_ids)s::bigint[], %(tokens)s::bigint[]) AS r(job_id, token) WHERE " + LIVE_LEASE_ROW + " RETURNING w.id"
 )
 
 # -- the beat (workers.services.maintenance) ---------------------------------------------------------

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 
-from koala.redaction import redact_text
+from koala import redaction
+from koala.redaction import Redactor, redact_text
 from workers import doorbell, hooks, outcomes, sql
 from workers.errors import Rejection
 from workers.hooks import AttemptSpans, BodySpan, Transition
@@ -171,10 +172,31 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
     outcome = outcome_of(decision)
     if outcome is None:
         return None
-    statement, values = _statement(decision)
     # The body's spans are kept whatever the ending (a released attempt's body did run, up to
     # its safe point); what it used is not, for a released attempt (as it always was).
     spans = report.spans if report is not None and hooks.wants_spans() else ()
+    statement, params = _params(decision, lease, report, outcome)
+    if hooks.wants_transitions() or spans:
+        with transaction.atomic():
+            row = _execute(statement, params)
+            if row is not None:
+                change = _transition(row, outcome=outcome, cause="attempt")
+                if isinstance(decision, outcomes.Complete):
+                    change = dataclasses.replace(change, result=decision.result, state_delta=dict(decision.state_delta or {}))
+                hooks.run_on_transition([change])
+                if spans:
+                    hooks.record_spans(_attempt_spans(lease, spans))
+    else:
+        row = _execute(statement, params)  # one statement, its own commit: the hot path's cost
+    if row is not None:
+        return None
+    return rejection_for(job_id=lease.job_id, lease_token=lease.lease_token, reporting=outcome)
+
+
+def _params(decision: outcomes.Decision, lease: Lease, report: Report | None, outcome: str) -> tuple[str, dict[str, Any]]:
+    """The fenced statement recording ``decision`` for ``lease`` and all its parameters. A released
+    attempt used nothing, so its report's usage and timings are not stored."""
+    statement, values = _statement(decision)
     if isinstance(decision, outcomes.Release):
         report = None
     report = report or Report()
@@ -190,30 +212,98 @@ def end_attempt(decision: outcomes.Decision, lease: Lease, report: Report | None
         "db_wait_seconds": report.db_wait_seconds,
         "storage_wait_seconds": report.storage_wait_seconds,
     }
-    if hooks.wants_transitions() or spans:
-        with transaction.atomic():
+    return statement, params
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One attempt's end in a batch (end_attempts): the decision, the lease it ends, the report,
+    and the redaction context its body ran under (the span sinks store its spans through it)."""
+
+    decision: outcomes.Decision
+    lease: Lease
+    report: Report | None = None
+    redactor: Redactor | None = None
+
+
+def end_attempts(endings: Sequence[Ending]) -> list[Rejection | None]:
+    """Record several attempts' ends at once: in order, one answer per ending, each exactly what
+    ``end_attempt`` would have answered for it alone.
+
+    The completions (``outcomes.Complete``, the common case) are one statement,
+    ``sql.COMPLETE_MANY``, which fences every row by its own lease token: an attempt whose lease
+    was lost meanwhile is left out, and only it is refused (by name, from ``rejection_for``); the
+    others land. Any other ending is its own fenced statement, in the same transaction. The
+    on-transition callbacks are told of every landed row once, in that transaction (one call for
+    the batch, as the reaper tells them of its batch), and each landed attempt's spans go to the
+    span sinks under its own redaction context. One commit for the batch.
+    """
+    if not endings:
+        return []
+    landed: dict[int, Transition] = {}  # index in endings -> its transition
+    completions = [(i, e) for i, e in enumerate(endings) if isinstance(e.decision, outcomes.Complete)]
+    with transaction.atomic():
+        if completions:
+            rows = [_completion_row(e) for _i, e in completions]
+            with connection.cursor() as cursor:
+                cursor.execute(sql.COMPLETE_MANY, {"rows": json.dumps(rows, default=str)})
+                got = {int(row[0]): row for row in cursor.fetchall()}
+            for i, e in completions:
+                row = got.get(e.lease.job_id)
+                if row is not None:
+                    decision = e.decision
+                    assert isinstance(decision, outcomes.Complete)
+                    landed[i] = dataclasses.replace(
+                        _transition(row, outcome=Outcome.SUCCEEDED, cause="attempt"),
+                        result=decision.result,
+                        state_delta=dict(decision.state_delta or {}),
+                    )
+        for i, e in enumerate(endings):
+            outcome = outcome_of(e.decision)
+            if outcome is None or isinstance(e.decision, outcomes.Complete):
+                continue
+            statement, params = _params(e.decision, e.lease, e.report, outcome)
             row = _execute(statement, params)
             if row is not None:
-                change = _transition(row, outcome=outcome, cause="attempt")
-                if isinstance(decision, outcomes.Complete):
-                    change = dataclasses.replace(change, result=decision.result, state_delta=dict(decision.state_delta or {}))
-                hooks.run_on_transition([change])
-                if spans:
-                    span_id = attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
-                    hooks.record_spans(
-                        AttemptSpans(
-                            job_id=lease.job_id,
-                            attempt_id=lease.attempt_id,
-                            trace_id=lease.trace_id,
-                            attempt_span_id=span_id,
-                            spans=spans,
-                        )
-                    )
-    else:
-        row = _execute(statement, params)  # one statement, its own commit: the hot path's cost
-    if row is not None:
-        return None
-    return rejection_for(job_id=lease.job_id, lease_token=lease.lease_token, reporting=outcome)
+                landed[i] = _transition(row, outcome=outcome, cause="attempt")
+        hooks.run_on_transition([landed[i] for i in sorted(landed)])
+        if hooks.wants_spans():
+            for i in sorted(landed):
+                e = endings[i]
+                if e.report is not None and e.report.spans:
+                    with redaction.bind(e.redactor or redaction.EMPTY):
+                        hooks.record_spans(_attempt_spans(e.lease, e.report.spans))
+    answers: list[Rejection | None] = []
+    for i, e in enumerate(endings):
+        outcome = outcome_of(e.decision)
+        if outcome is None or i in landed:
+            answers.append(None)
+        else:
+            answers.append(rejection_for(job_id=e.lease.job_id, lease_token=e.lease.lease_token, reporting=outcome))
+    return answers
+
+
+def _completion_row(ending: Ending) -> dict[str, Any]:
+    decision = ending.decision
+    assert isinstance(decision, outcomes.Complete)
+    report = ending.report or Report()
+    return {
+        "job_id": ending.lease.job_id,
+        "token": ending.lease.lease_token,
+        "result": decision.result,  # the whole batch is one JSON document (json.dumps default=str)
+        "state_delta": decision.state_delta or {},
+        "add_usage": countable(report.usage),
+        "compute_seconds": report.compute_seconds,
+        "db_wait_seconds": report.db_wait_seconds,
+        "storage_wait_seconds": report.storage_wait_seconds,
+    }
+
+
+def _attempt_spans(lease: Lease, spans: Sequence[BodySpan]) -> AttemptSpans:
+    span_id = attempt_span_id(trace_id=lease.trace_id, job_id=lease.job_id, lease_token=lease.lease_token)
+    return AttemptSpans(
+        job_id=lease.job_id, attempt_id=lease.attempt_id, trace_id=lease.trace_id, attempt_span_id=span_id, spans=spans
+    )
 
 
 def _execute(statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -373,9 +373,13 @@ def test_every_attempt_side_write_of_the_job_row_is_fenced_by_the_one_predicate(
     engine = statements(sql)
     for name in fenced:
         assert sql.LIVE_LEASE in engine[name], name
+    # A batch's statements fence each of their rows with the same predicate, spelled from it.
+    batched = {"COMPLETE_MANY", "HEARTBEAT_MANY"}
+    for name in batched:
+        assert sql.LIVE_LEASE_ROW in engine[name], name
     # Spelled once: no other statement re-types (a variant of) the live-lease check.
     others = {name for name, text in engine.items() if "lease_expires_at > now()" in text}
-    assert others == fenced | {"LIVE_LEASE"}
+    assert others == fenced | batched | {"LIVE_LEASE", "LIVE_LEASE_ROW"}
 
 
 def test_the_strict_fence_locks_the_row_and_names_the_token() -> None:

@@ -199,10 +199,21 @@ def claim_next(
 
 
 def claim_next_many(
-    *, queue: str, served: Sequence[str], worker: str, lease_seconds: float, count: int, skip_kinds: Sequence[str] = ()
+    *,
+    queue: str,
+    served: Sequence[str],
+    worker: str,
+    lease_seconds: float,
+    count: int,
+    skip_kinds: Sequence[str] = (),
+    batchable: bool = False,
 ) -> list[Lease]:
     """Claim up to ``count`` due jobs of ``queue`` in one statement. Only while no budget gates
-    claims (``budgets.claims_are_gated()`` is False): pauses are in the SQL, as in claim_next."""
+    claims (``budgets.claims_are_gated()`` is False): pauses are in the SQL, as in claim_next.
+
+    ``batchable``: only jobs that may wait unstarted behind others of the batch (at_least_once
+    with an attempt left after this one: ``sql.CLAIM_NEXT_MANY``), for a worker that runs its
+    leases one after another rather than at once."""
     with connection.cursor() as cursor:
         cursor.execute(
             sql.CLAIM_NEXT_MANY,
@@ -213,6 +224,7 @@ def claim_next_many(
                 "lease": lease_seconds,
                 "skip": list(skip_kinds),
                 "n": count,
+                "batchable": batchable,
             },
         )
         rows = cursor.fetchall()
@@ -266,10 +278,18 @@ class ClaimPass:
 
 
 def claim_from(
-    *, queues: Sequence[str], served: Sequence[str], worker: str, lease_seconds: float, count: int, state: ClaimPass
+    *,
+    queues: Sequence[str],
+    served: Sequence[str],
+    worker: str,
+    lease_seconds: float,
+    count: int,
+    state: ClaimPass,
+    batchable: bool = False,
 ) -> list[Lease]:
     """Claim up to ``count`` due jobs ``worker`` serves, queue by queue in order, under the pass's
-    pauses and budgets: the one claim loop of an RQ worker's drain and an HTTP worker's acquire."""
+    pauses and budgets: the one claim loop of an RQ worker's drain and an HTTP worker's acquire.
+    ``batchable``: see claim_next_many (applies to the one-statement claim of several jobs)."""
     got: list[Lease] = []
     for queue in queues:
         if state.holds(queue):
@@ -283,6 +303,7 @@ def claim_from(
                 lease_seconds=lease_seconds,
                 count=count - len(got),
                 skip_kinds=state.skipped(queue),
+                batchable=batchable,
             )
         else:
             while len(got) < count and not state.holds(queue):
@@ -351,3 +372,21 @@ def heartbeat(*, job_id: int, lease_token: int, lease_seconds: float, progress: 
         if cursor.fetchone():
             return None
     return rejection_for(job_id=job_id, lease_token=lease_token)
+
+
+def heartbeat_many(*, held: Sequence[Lease], lease_seconds: float) -> set[int]:
+    """Extend the leases in ``held`` (one statement, each row fenced by its own token): the jobs
+    an RQ worker's batch holds while they wait their turn or their batch's completion. Returns the
+    job ids still held; a lease missing from it was lost (the reaper or an operator took the job)."""
+    if not held:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.HEARTBEAT_MANY,
+            {
+                "job_ids": [lease.job_id for lease in held],
+                "tokens": [lease.lease_token for lease in held],
+                "lease_seconds": lease_seconds,
+            },
+        )
+        return {int(row[0]) for row in cursor.fetchall()}
