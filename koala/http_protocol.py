@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
 
 # AutoHTTPProtocol is a variable (httptools' or h11's class): mypy cannot check it as a base.
 class HttpProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
