@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-exports bench-scale bench-flat bench-api requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-exports bench-scale bench-flat bench-api bench-api-start requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -106,6 +106,11 @@ bench-flat: bootstrap ## Flat-cost benchmark: drain rate, claim/complete latency
 bench-api: bootstrap ## Worker API benchmark: idle fleet, wake-up latency, HTTP vs RQ jobs/s (bench/worker_api.py)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.worker_api "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+bench-api-start: bootstrap ## Starting a job over HTTP (POST /api/v1/jobs, 2 uvicorn processes) vs in-process enqueue() (bench/http_start.py)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.http_start "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes

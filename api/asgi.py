@@ -1,5 +1,5 @@
-"""The worker calls' own ASGI path: /api/v1/workers/… and /api/v1/leases/… without Django's
-request handler around them.
+"""The API's own ASGI path: the worker calls (/api/v1/workers/…, /api/v1/leases/…) and the
+job and run calls (/api/v1/jobs…, /api/v1/runs…) without Django's request handler around them.
 
 Why: a worker's call is small and frequent (acquire and complete for every job). Django's
 ASGIHandler gives each request a thread of its own for its thread-sensitive work (the
@@ -11,8 +11,14 @@ middleware did for them is done inline: the body is read (bounded), a NUL in the
 one redaction context is bound, a client that disconnects cancels its call (a waiting acquire
 gives back what was claimed for it), and an unexpected error is a JSON 500.
 
-Everything else under /api/ (the job calls, the OpenAPI document, a path that matches nothing)
-goes through Django's handler (koala/asgi.py).
+The job and run calls are plain functions (api.views.runs.execute_call marks them ``POOLED``):
+each runs as one task of the same thread pool. Under Django's handler each one had a thread of
+its own, and with it a database connection of its own (connections are per thread): a new
+PostgreSQL session for every call, most of a call's time (bench/http_start.py; bench/README.md).
+A pool thread keeps its connection. The NUL guard is the middleware's (path, query, cookies).
+
+Everything else under /api/ (the OpenAPI document, a path that matches nothing) goes through
+Django's handler (koala/asgi.py).
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse
 from django.urls import Resolver404, resolve
 
-from api.http import ApiError, max_body_bytes
+from api.http import POOLED, ApiError, max_body_bytes
+from api.poller import hub
 from koala import redaction
+from koala.middleware import nul_refusal
 
 log = logging.getLogger("koala.api")
-PREFIXES = ("/api/v1/workers/", "/api/v1/leases/")
+PREFIXES = ("/api/v1/workers/", "/api/v1/leases/", "/api/v1/jobs", "/api/v1/runs")
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -86,12 +94,21 @@ async def worker_calls(scope: dict[str, Any], receive: Receive, send: Send, *, f
         match = resolve(path)
     except Resolver404:
         match = None
-    if match is None or not iscoroutinefunction(match.func):
+    native = match is not None and iscoroutinefunction(match.func)
+    if match is None or not (native or getattr(match.func, POOLED, False)):
         await fallback(scope, _replay(body, receive), send)
         return
     request = ASGIRequest(scope, io.BytesIO(body))
+    if not native and (refused := nul_refusal(request)) is not None:
+        await _send(send, refused)
+        return
     with redaction.bind(redaction.Redactor.for_request(request)):
-        call = asyncio.ensure_future(match.func(request, *match.args, **match.kwargs))
+        if native:
+            call = asyncio.ensure_future(match.func(request, *match.args, **match.kwargs))
+        else:
+            # One task of the hub's pool (the redaction context follows it); a client that hangs
+            # up does not stop it, as under Django's handler: a started job stays started.
+            call = asyncio.ensure_future(hub().run(match.func, request, *match.args, **match.kwargs))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -13,6 +13,10 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
+# The attribute a plain view carries when api/asgi.py may run it in the hub's thread pool
+# (api.views.runs.execute_call sets it on every job and run call).
+POOLED = "koala_api_pooled"
+
 
 class ApiError(Exception):
     """A refused call: ``status`` and ``code`` for the worker, ``message`` for the person reading it."""

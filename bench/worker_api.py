@@ -79,13 +79,20 @@ def free_port() -> int:
 class Server:
     """One uvicorn process serving koala.asgi, as tests/support/api_server.py starts it."""
 
-    def __init__(self, logdir: Path, name: str) -> None:
+    def __init__(self, logdir: Path, name: str, *, workers: int | None = None) -> None:
         self.port = free_port()
         self.log_path = logdir / f"{name}.log"
         env = dict(os.environ)
         env.setdefault("LOG_LEVEL", "WARNING")
         self.proc = subprocess.Popen(
-            uvicorn_command(host="127.0.0.1", port=self.port, access_log=False, graceful_seconds=2, extra=("--backlog", "4096")),
+            uvicorn_command(
+                host="127.0.0.1",
+                port=self.port,
+                access_log=False,
+                graceful_seconds=2,
+                workers=workers,
+                extra=("--backlog", "4096"),
+            ),
             cwd=ROOT,
             env=env,
             stdout=open(self.log_path, "wb"),
@@ -96,10 +103,18 @@ class Server:
             sys.exit(f"uvicorn did not start; see {self.log_path}")
 
     def cpu_seconds(self) -> float:
+        """CPU seconds of the server: its process and, with --workers, the processes it started."""
         import psutil
 
-        times = psutil.Process(self.proc.pid).cpu_times()
-        return float(times.user + times.system)
+        process = psutil.Process(self.proc.pid)
+        total = 0.0
+        for each in [process, *process.children(recursive=True)]:
+            try:
+                times = each.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -42,14 +42,20 @@ class RejectNulBytesMiddleware:
 
     @staticmethod
     def _refusal(request: HttpRequest) -> HttpResponse | None:
-        where = nul_in_request(request)
-        if where is None:
-            return None
-        return HttpResponseBadRequest(
-            f"Bad request: {where} contains a NUL character (%00), which Koala never accepts. "
-            "Remove it and send the request again.\n",
-            content_type="text/plain; charset=utf-8",
-        )
+        return nul_refusal(request)
+
+
+def nul_refusal(request: HttpRequest) -> HttpResponse | None:
+    """The 400 for a request that carries a NUL anywhere Koala reads (None when it carries none):
+    this middleware's answer, also given where the API serves calls without Django's handler."""
+    where = nul_in_request(request)
+    if where is None:
+        return None
+    return HttpResponseBadRequest(
+        f"Bad request: {where} contains a NUL character (%00), which Koala never accepts. "
+        "Remove it and send the request again.\n",
+        content_type="text/plain; charset=utf-8",
+    )
 
 
 # WhiteNoise answers with a file iterator; under ASGI Django consumes it on a thread and warns once
