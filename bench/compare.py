@@ -302,7 +302,9 @@ def wait_done(system: System, n: int, redis: Any, timeout: float) -> float:
     return time.time()
 
 
-def run_once(system: System, mode: str, n: int, workers: int, env: dict[str, str], logdir: Path, repetition: int) -> Run:
+def run_once(
+    system: System, mode: str, n: int, workers: int, env: dict[str, str], logdir: Path, repetition: int, warmup: float
+) -> Run:
     from django.db import connection
     from redis import Redis
 
@@ -322,7 +324,7 @@ def run_once(system: System, mode: str, n: int, workers: int, env: dict[str, str
         if live:  # warm workers: started, waiting for jobs before the first enqueue
             pool.go()
             pool.expect("waiting", timeout=60)
-            time.sleep(1.0)
+            time.sleep(warmup)
         if enqueuer:
             enqueuer.go()
             (stamp,) = enqueuer.read_json(timeout)
@@ -423,7 +425,7 @@ def table(results: dict[tuple[str, str], list[Run]], found: dict[str, System], k
 NOTES = [
     "- Same body everywhere: one Redis `INCR` per job; the Redis counter is checked against the job count after every run.",
     "- **sequential**: enqueue every job with no worker running, then release the pre-started workers; "
-    "**live**: the workers are started and waiting (1 s warm-up) before the first enqueue. "
+    "**live**: the workers are started and waiting (`--warmup`, 1 s) before the first enqueue. "
     "end to end = first enqueue -> last job done; drain = release -> last job done.",
     "- last job done = the counter reached the job count and, for the systems that keep a row per job "
     "(Koala, Procrastinate, the floor), no row is left unfinished.",
@@ -454,6 +456,7 @@ def main() -> int:
         default=os.environ.get("KOALA_PEERS_PYTHON") or str(PEERS_VENV / "bin" / "python"),
         help="the interpreter with celery and procrastinate (default .venv-peers/bin/python)",
     )
+    parser.add_argument("--warmup", type=float, default=1.0, help="live mode: seconds the waiting workers get first")
     parser.add_argument("--results", default=str(ROOT / "bench" / "results"), help="directory for the JSON results")
     parser.add_argument("--force", action="store_true", help="allow a database name without 'bench' / Redis db 0")
     args = parser.parse_args()
@@ -493,7 +496,7 @@ def main() -> int:
         for repetition in range(args.repeat):
             shift = repetition % len(units)
             for key, mode in units[shift:] + units[:shift]:  # interleaved: the order rotates per repetition
-                run = run_once(found[key], mode, args.jobs, args.workers, env, logdir, repetition + 1)
+                run = run_once(found[key], mode, args.jobs, args.workers, env, logdir, repetition + 1, args.warmup)
                 results.setdefault((key, mode), []).append(run)
                 drain = f", drain {run.drain_s:.2f}s" if run.drain_s is not None else ""
                 failed = f"  VERIFY FAILED: {'; '.join(run.problems)}" if run.problems else ""
