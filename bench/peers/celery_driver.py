@@ -10,7 +10,6 @@ are ignored and no result backend is configured: nothing is kept per job. Roles:
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -118,7 +117,6 @@ def drop(args: Any, channel: _protocol.Channel) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return _protocol.main(
         sys.argv[1:] if argv is None else argv,
         name="celery_driver",

@@ -121,7 +121,6 @@ def drop(args: Any, channel: _protocol.Channel) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return _protocol.main(
         sys.argv[1:] if argv is None else argv,
         name="pg_floor",

@@ -14,7 +14,6 @@ commit each). Roles: bench/peers/_protocol.py.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -132,7 +131,6 @@ def drop(args: Any, channel: _protocol.Channel) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return _protocol.main(
         sys.argv[1:] if argv is None else argv,
         name="procrastinate_driver",
