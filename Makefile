@@ -24,12 +24,12 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-exports bench-scale bench-flat bench-api bench-api-start requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-scale bench-flat bench-api bench-api-start requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-13s %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-15s %s\n", $$1, $$2}'
 	@echo
 	@echo "Variables: PYTEST_ARGS='-k name -x'  TEST_WORKERS=4 (0: serial)  RUN_ARGS='--port 8001'  ARGS='koala_jobs'  BENCH_ARGS=...  KOALA_PYTHON=/path/python3.12"
 	@echo "Services:  DATABASE_URL / REDIS_URL; unset => embedded PostgreSQL/Redis in KOALA_DATA_DIR (.koala-data/)"
@@ -84,6 +84,17 @@ bench: bootstrap ## Throughput benchmark (bench/throughput.py; BENCH_ARGS=...)
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.throughput "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
+# Koala against Celery, Procrastinate, raw RQ and the raw PostgreSQL floor in one run
+# (bench/compare.py). The peers run in a virtualenv of their own, .venv-peers (scripts/bootstrap-peers,
+# from the hash-pinned requirements/bench-peers.txt): Koala's .venv never gets celery or procrastinate.
+bench-peers: bootstrap bench-peers-env ## Koala vs Celery, Procrastinate, RQ and the PostgreSQL floor, one run (bench/compare.py; builds .venv-peers)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.compare "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+bench-peers-env: ## Create/refresh .venv-peers (Celery, Procrastinate) from requirements/bench-peers.txt
+	@scripts/bootstrap-peers
+
 bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/export_bench.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.export_bench "$$@"' \
@@ -117,6 +128,7 @@ requirements: ## Recompile requirements/*.txt from requirements/*.in with hashes
 	@test -x $(VENV)/bin/pip-compile || scripts/bootstrap
 	cd requirements && ../$(PIP_COMPILE) --output-file=base.txt base.in
 	cd requirements && ../$(PIP_COMPILE) --output-file=dev.txt dev.in
+	cd requirements && ../$(PIP_COMPILE) --output-file=bench-peers.txt bench-peers.in
 
 clean: ## Remove .venv, caches and the embedded data (.koala-data/: database, Redis, demo login)
 	@for pidfile in .koala-data/postgres/postmaster.pid .koala-data/redis/redis.pid; do \
@@ -126,5 +138,5 @@ clean: ## Remove .venv, caches and the embedded data (.koala-data/: database, Re
 			exit 1; \
 		fi; \
 	done
-	rm -rf $(VENV) .koala-data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache bench/results
+	rm -rf $(VENV) .venv-peers .koala-data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache bench/results
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

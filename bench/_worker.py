@@ -1,12 +1,15 @@
 """One benchmark worker process (started by bench/throughput.py from the repository root; not for direct use).
 
-    python -m bench._worker {rq-simple|rq-fork|koala-simple|koala-fork} QUEUE
+    python -m bench._worker {rq-simple|rq-fork|koala-simple|koala-fork} QUEUE [forever]
 
 It does all its imports and set-up first, prints ``ready``, waits for a line on
 stdin (the "go" after the enqueue phase), runs the worker in burst mode, and
 prints ``{"start": t, "end": t, "cpu": s}`` (wall clock; CPU seconds used after "go" by this
 process and its reaped children, i.e. forked work horses) when the worker's loop returns,
 so process start-up and interpreter teardown are outside every measurement.
+
+With ``forever`` (bench/compare.py's live mode) the worker is not in burst mode: after "go" it
+prints ``waiting`` and works until SIGTERM (every worker's graceful stop).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def prepare(variant: str, queue: str) -> Callable[[], object]:
+def prepare(variant: str, queue: str, burst: bool = True) -> Callable[[], object]:
     if variant in ("rq-simple", "rq-fork"):
         from redis import Redis
         from rq import Queue, SimpleWorker, Worker
@@ -38,7 +41,7 @@ def prepare(variant: str, queue: str) -> Callable[[], object]:
         conn.ping()
         cls = SimpleWorker if variant == "rq-simple" else Worker
         worker = cls([Queue(queue, connection=conn)], connection=conn)
-        return lambda: worker.work(burst=True, logging_level="WARNING")
+        return lambda: worker.work(burst=burst, logging_level="WARNING")
     if variant in ("koala-simple", "koala-fork"):
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "koala.settings")
         import django
@@ -47,7 +50,8 @@ def prepare(variant: str, queue: str) -> Callable[[], object]:
         from django.core.management import call_command
 
         # Exactly `manage.py koala_worker --worker-class X --burst` (default queues).
-        return lambda: call_command("koala_worker", "--worker-class", variant.split("-", 1)[1], "--burst")
+        options = ["--worker-class", variant.split("-", 1)[1]] + (["--burst"] if burst else [])
+        return lambda: call_command("koala_worker", *options)
     raise SystemExit(f"unknown variant {variant!r}")
 
 
@@ -61,10 +65,13 @@ def cpu_seconds() -> float:
 
 def main() -> None:
     variant, queue = sys.argv[1], sys.argv[2]
-    run = prepare(variant, queue)
+    forever = sys.argv[3:] == ["forever"]
+    run = prepare(variant, queue, burst=not forever)
     print("ready", flush=True)
     if not sys.stdin.readline():
         return  # the bench went away before "go"
+    if forever:
+        print("waiting", flush=True)
     profile_dir = os.environ.get("BENCH_PROFILE_DIR")
     cpu_at_go = cpu_seconds()
     start = time.time()
