@@ -21,12 +21,25 @@ from bench.peers import _protocol
 UNACKED = ("unacked", "unacked_index")
 
 
+def broker_url(redis_url: str) -> str:
+    """kombu's name for a Redis URL: redis-py's ``unix:///path.sock?db=N`` (the embedded Redis
+    ``make test`` starts) is kombu's ``redis+socket:///path.sock?virtual_host=N``; a TCP URL is
+    the same in both."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    return f"redis+socket://{parts.path}?virtual_host={db}"
+
+
 def make_app(redis_url: str, queue: str) -> tuple[Any, Any]:
     from celery import Celery
     from redis import Redis
 
     client = Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-    app = Celery("bench_peers", broker=redis_url, set_as_current=True)
+    app = Celery("bench_peers", broker=broker_url(redis_url), set_as_current=True)
     app.conf.update(
         task_ignore_result=True,
         result_backend=None,

@@ -368,6 +368,13 @@ TABLE: dict[str, list[Case]] = {
         c("--truncate=1", names="--truncate"),
         c("--nope", names="--nope"),
     ],
+    "koala_prune": [
+        *[c("--dry-run", "--days", value, names="--days") for value in ("-1", "36501", "abc", "1.5", HUGE, NUL)],
+        *[c("--dry-run", "--batches", value, names="--batches") for value in ("0", "-1", "abc", HUGE)],
+        c("--days", names="--days"),
+        c("--dry-run=1", names="--dry-run"),
+        c("--nope", names="--nope"),
+    ],
 }
 
 

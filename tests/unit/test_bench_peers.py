@@ -121,3 +121,11 @@ def test_procrastinate_and_floor_verification_want_every_row_succeeded() -> None
         "redis counter 2 != 3",
         "floor job states {}, expected {'succeeded': 3}",
     ]
+
+
+def test_celerys_broker_url_names_a_unix_socket_the_way_kombu_reads_it() -> None:
+    from bench.peers.celery_driver import broker_url
+
+    assert broker_url("unix:///tmp/k/redis.sock?db=3") == "redis+socket:///tmp/k/redis.sock?virtual_host=3"
+    assert broker_url("unix:///tmp/k/redis.sock") == "redis+socket:///tmp/k/redis.sock?virtual_host=0"
+    assert broker_url("redis://127.0.0.1:6379/8") == "redis://127.0.0.1:6379/8"
