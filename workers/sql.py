@@ -258,6 +258,29 @@ _ADD_USAGE = (
 # The job's tenant as Lease.tenant reads it: the input's "tenant" when it is a string, else ''.
 _JOB_TENANT = "CASE WHEN jsonb_typeof(input->'tenant') = 'string' THEN input->>'tenant' ELSE '' END"
 
+# The end of both attempt-ending statements (_FINISH, _COMPLETE_MANY), after their ``j`` (the jobs
+# moved) and ``a`` (the attempts finished): the run time of each attempt is added to the usage rows
+# of the budgets that count run time or attempts for its kind, queue and tenant, in the period its
+# claim counted it in. The rows are locked in id order first; the seconds are summed per usage row
+# (UPDATE … FROM applies one joined row per target row, so two attempts of one batch counted on the
+# same row must be added before the join). Returns what the transition hook is told. No braces: it
+# is joined into templates that .format() fills.
+_ADD_RUN_TIME = """), locked AS (
+    SELECT u.id, EXTRACT(EPOCH FROM now() - a.started_at) AS seconds
+    FROM a JOIN j ON j.id = a.job_id, workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id
+    WHERE (b.run_seconds_limit IS NOT NULL OR b.attempt_limit IS NOT NULL)
+      AND (b.scope = 'global' OR (b.scope = 'queue' AND b.target = j.queue) OR (b.scope = 'kind' AND b.target = j.kind))
+      AND (b.tenant = '' OR b.tenant = j.tenant)
+      AND u.period = (a.started_at AT TIME ZONE b.timezone)::date
+    ORDER BY u.id
+    FOR UPDATE OF u
+), run AS (
+    UPDATE workers_budgetusage u SET run_seconds = u.run_seconds + l.seconds, updated_at = now()
+    FROM (SELECT id, sum(seconds) AS seconds FROM locked GROUP BY id) l WHERE u.id = l.id
+)
+SELECT j.id, j.kind, j.version, j.queue, j.state, j.failure_reason FROM j JOIN a ON a.job_id = j.id
+"""
+
 # An attempt's end: one fenced statement moves the job ({job_set}, then the lease is cleared and
 # the reported usage added), finishes the attempt's row with its outcome, error, timings and usage,
 # and adds the attempt's run time (the database's clock, from its claim to now) to the budgets that
@@ -268,7 +291,8 @@ _JOB_TENANT = "CASE WHEN jsonb_typeof(input->'tenant') = 'string' THEN input->>'
 # several of them keeps (budgets.reserve, settle, admit_claim), so two endings and a reservation
 # cannot deadlock. Returns what the transition hook is told (workers.hooks.Transition). The
 # placeholders are filled below, once, with LIVE_LEASE and one constant SET list per transition.
-_FINISH = """
+_FINISH = (
+    """
 WITH j AS (
     UPDATE workers_job
     SET {job_set}, lease_holder = NULL, lease_expires_at = NULL, updated_at = now(), usage = {add_usage}
@@ -281,21 +305,9 @@ WITH j AS (
         storage_wait_seconds = %(storage_wait_seconds)s, usage = {add_usage}
     WHERE job_id = (SELECT id FROM j) AND lease_token = %(lease_token)s
     RETURNING id, job_id, started_at
-), locked AS (
-    SELECT u.id, EXTRACT(EPOCH FROM now() - a.started_at) AS seconds
-    FROM a JOIN j ON j.id = a.job_id, workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id
-    WHERE (b.run_seconds_limit IS NOT NULL OR b.attempt_limit IS NOT NULL)
-      AND (b.scope = 'global' OR (b.scope = 'queue' AND b.target = j.queue) OR (b.scope = 'kind' AND b.target = j.kind))
-      AND (b.tenant = '' OR b.tenant = j.tenant)
-      AND u.period = (a.started_at AT TIME ZONE b.timezone)::date
-    ORDER BY u.id
-    FOR UPDATE OF u
-), run AS (
-    UPDATE workers_budgetusage u SET run_seconds = u.run_seconds + l.seconds, updated_at = now()
-    FROM locked l WHERE u.id = l.id
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+    + _ADD_RUN_TIME
 )
-SELECT j.id, j.kind, j.version, j.queue, j.state, j.failure_reason FROM j JOIN a ON a.job_id = j.id
-"""
 
 
 def _finish(job_set: str) -> str:
@@ -339,7 +351,8 @@ RELEASE = _finish(
 # (the caller asks rejection_for about each missing one). The run time added to budgets is summed
 # per usage row (``run``): UPDATE … FROM applies one joined row per target row, so two attempts
 # counted on the same usage row must be added before the join.
-_COMPLETE_MANY = """
+_COMPLETE_MANY = (
+    """
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
         job_id bigint, token bigint, result jsonb, state_delta jsonb, add_usage jsonb,
@@ -360,21 +373,9 @@ WITH r AS (
     FROM j JOIN r ON r.job_id = j.id
     WHERE x.job_id = j.id AND x.lease_token = j.token
     RETURNING x.id, x.job_id, x.started_at
-), locked AS (
-    SELECT u.id, EXTRACT(EPOCH FROM now() - a.started_at) AS seconds
-    FROM a JOIN j ON j.id = a.job_id, workers_budgetusage u JOIN workers_budget b ON b.id = u.budget_id
-    WHERE (b.run_seconds_limit IS NOT NULL OR b.attempt_limit IS NOT NULL)
-      AND (b.scope = 'global' OR (b.scope = 'queue' AND b.target = j.queue) OR (b.scope = 'kind' AND b.target = j.kind))
-      AND (b.tenant = '' OR b.tenant = j.tenant)
-      AND u.period = (a.started_at AT TIME ZONE b.timezone)::date
-    ORDER BY u.id
-    FOR UPDATE OF u
-), run AS (
-    UPDATE workers_budgetusage u SET run_seconds = u.run_seconds + l.seconds, updated_at = now()
-    FROM (SELECT id, sum(seconds) AS seconds FROM locked GROUP BY id) l WHERE u.id = l.id
+"""  # noqa: S608 (composed from constant fragments; values are bound)
+    + _ADD_RUN_TIME
 )
-SELECT j.id, j.kind, j.version, j.queue, j.state, j.failure_reason FROM j JOIN a ON a.job_id = j.id
-"""
 COMPLETE_MANY = _COMPLETE_MANY.format(
     job_usage=_ADD_USAGE.replace("%(usage)s::jsonb", "r.add_usage")
     .replace("(usage->>k)", "(w.usage->>k)")
