@@ -27,8 +27,6 @@ API_ENV = {
     "KOALA_LEASE_SECONDS": "3",
     "KOALA_HEARTBEAT_SECONDS": "0.5",
     "KOALA_API_ACQUIRE_WAIT_SECONDS": "10",
-    # libpq names the server's PostgreSQL sessions, so a test can tell them from its own process's.
-    "PGAPPNAME": "koala-test-api-server",
 }
 
 
