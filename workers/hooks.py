@@ -161,6 +161,10 @@ def register_beat_task(name: str, run: Callable[[], Any]) -> None:
     _beat_tasks[name] = BeatTask(name=name, run=run)
 
 
+def unregister_beat_task(name: str) -> None:
+    _beat_tasks.pop(name, None)
+
+
 def beat_tasks() -> list[BeatTask]:
     return list(_beat_tasks.values())
 
