@@ -7,8 +7,10 @@ attempts' temporary files go about once a minute (per beat process).
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 from exports.services import housekeeping
+from workers.hooks import TickLease
 
 TEMP_SWEEP_SECONDS = 60.0
 
@@ -21,4 +23,16 @@ def tick() -> dict[str, int]:
     settled, removed = housekeeping(clean_temp=sweep)
     if sweep:
         _next_temp_sweep = time.monotonic() + TEMP_SWEEP_SECONDS
+    return {"settled": settled, "temp_objects_removed": removed}
+
+
+# koala_tick export-cleanup looks this far back (the beat's own sweep, an hour).
+CLEANUP_DAYS = 7
+
+
+def cleanup_tick(lease: TickLease) -> dict[str, int]:
+    """The timer-started sweep (workers.hooks.register_tick_task): one bounded pass over the
+    exports that ended in the last CLEANUP_DAYS days; ``lease`` is the run's (checked first)."""
+    lease.hold()
+    settled, removed = housekeeping(clean_temp=True, since=timedelta(days=CLEANUP_DAYS))
     return {"settled": settled, "temp_objects_removed": removed}

@@ -7,5 +7,8 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         from workers import kinds
+        from workers.services import ticks
 
         kinds.load_configured_kinds()
+        # The engine's timer-started tasks (koala_tick prune, budget-report); apps add theirs.
+        ticks.register_engine_tasks()

@@ -19,6 +19,9 @@ registry, which each app fills in its ``AppConfig.ready``:
   it (``traces`` keeps them and exports them); with no sink registered they are dropped;
 - **span parents**: who says which span a job's attempt spans hang under (a workflow's step span);
   without one an attempt's span is a root of the job's trace;
+- **tick tasks**: bounded housekeeping that ``koala_tick NAME`` runs once under a lease (started
+  by a systemd timer: retention pruning, the exports' temporary-file sweep, a daily budget
+  report); the task is handed a ``TickLease`` to check between its bounded steps;
 - **retention**: asked, inside each prune batch's transaction (``workers.services.retention``),
   which of the finished jobs about to be deleted must stay (a workflow's live run, an unsettled
   export, an open review), then told which go, to delete or detach the app's own rows that
@@ -40,6 +43,26 @@ from typing import Any, Protocol
 class BeatTask:
     name: str
     run: Callable[[], Any]  # returns something loggable (a count, a report)
+
+
+class TickLease(Protocol):
+    """What a tick task is handed: ``hold()`` renews the run's lease and raises
+    ``workers.services.ticks.TickLeaseLost`` if another run took it (call it before each bounded step)."""
+
+    name: str
+
+    def hold(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TickTask:
+    name: str
+    # run(lease) → something loggable (a count, a mapping of counts); its bounded work calls
+    # lease.hold() between steps.
+    run: Callable[[TickLease], Any]
+    help: str
+    # How long a run may go between two lease.hold() calls before another run may take over.
+    lease_seconds: float = 300.0
 
 
 class ReviewGate(Protocol):
@@ -149,6 +172,7 @@ class Retention:
 SpanParents = Callable[[Sequence[int]], Mapping[int, str]]
 
 _beat_tasks: dict[str, BeatTask] = {}
+_tick_tasks: dict[str, TickTask] = {}
 _on_cancel: dict[str, Callable[..., Any]] = {}
 _on_transition: dict[str, OnTransition] = {}
 _span_sinks: dict[str, SpanSink] = {}
@@ -157,7 +181,14 @@ _review_gate: ReviewGate | None = None
 _retention: dict[str, Retention] = {}
 
 
+# The beat's own steps (workers.services.maintenance.beat_tick), each with its BeatTask row: an
+# app's beat task may not take one of these names, or its row would be mixed with the engine's.
+ENGINE_BEAT_STEPS = ("reap", "pauses", "budgets", "breakers", "dispatch", "retention")
+
+
 def register_beat_task(name: str, run: Callable[[], Any]) -> None:
+    if name in ENGINE_BEAT_STEPS:
+        raise ValueError(f"{name!r} is one of the beat's own steps ({', '.join(ENGINE_BEAT_STEPS)}); pick another name")
     _beat_tasks[name] = BeatTask(name=name, run=run)
 
 
@@ -167,6 +198,21 @@ def unregister_beat_task(name: str) -> None:
 
 def beat_tasks() -> list[BeatTask]:
     return list(_beat_tasks.values())
+
+
+def register_tick_task(name: str, run: Callable[[TickLease], Any], *, help: str, lease_seconds: float = 300.0) -> None:
+    """A task ``koala_tick NAME`` runs (``NAME`` is lowercase words joined by ``-``)."""
+    if not name or not all(part.isalnum() and part.islower() for part in name.split("-")):
+        raise ValueError(f"a tick task's name is lowercase words joined by '-', not {name!r}")
+    _tick_tasks[name] = TickTask(name=name, run=run, help=help, lease_seconds=lease_seconds)
+
+
+def unregister_tick_task(name: str) -> None:
+    _tick_tasks.pop(name, None)
+
+
+def tick_tasks() -> dict[str, TickTask]:
+    return dict(sorted(_tick_tasks.items()))
 
 
 def register_on_cancel(name: str, callback: Callable[..., Any]) -> None:

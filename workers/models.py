@@ -625,3 +625,50 @@ class Pause(models.Model):
         """What it holds, as people read it: "everything", "queue bulk", "kind x for tenant acme"."""
         where = "everything" if self.scope == Scope.GLOBAL else f"{self.scope} {self.target}"
         return f"{where} for tenant {self.tenant}" if self.tenant else where
+
+
+class BeatTask(models.Model):
+    """The last tick of one beat step or app beat task, whichever replica ran it: what tells an
+    operator (``koala_beat --status``) that a scheduler stopped or one of its tasks keeps failing.
+
+    One row per task, upserted by ``workers.services.maintenance`` once per tick for all tasks
+    together (``sql.BEAT_RECORD``). A success within one tick interval of the stored one is not
+    written again, so any number of replicas cost about one row write per task per interval."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    beat = models.CharField(max_length=300, help_text="The beat process (host:pid) that wrote this row last.")
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_succeeded_at = models.DateTimeField(null=True, blank=True)
+    last_failed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=200, blank=True, default="", help_text="The error class of the last failure.")
+    consecutive_failures = models.PositiveIntegerField(default=0, help_text="Failures since the last success (any replica).")
+    failures = models.PositiveBigIntegerField(default=0, help_text="Every failure recorded.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"beat task {self.name}"
+
+
+class TickLease(models.Model):
+    """Who runs a ``koala_tick`` task right now: taken by a conditional upsert (``sql.TICK_ACQUIRE``,
+    its row count decides), renewed and checked by the work (``sql.TICK_HOLD``: the fence), cleared
+    at exit. A crashed run's lease simply expires; the next run takes it."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    owner = models.CharField(max_length=300, help_text="host:pid of the run holding (or that last held) it.")
+    token = models.CharField(max_length=64, help_text="The holder's random token: the fence compares it.")
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty once released.")
+    released_at = models.DateTimeField(null=True, blank=True)
+    last_outcome = models.CharField(
+        max_length=200, blank=True, default="", help_text="How the last run that ended said it ended."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"tick lease {self.name}"

@@ -498,6 +498,78 @@ WHERE q.queue IS NOT NULL
 """
 )
 
+# -- the beat's last tick per task (workers.services.maintenance, workers.selectors.beat) ------------
+
+# Each tick's outcome for every task it ran, in one statement (arrays unnested: one round trip
+# per tick, however many tasks). A failure always lands (counted, its error class kept); a
+# success lands only if the stored row is older than %(gap)s seconds (the tick interval) or was
+# failing: with N replicas a task's row is written about once per interval, not N times.
+# The last error stays after a success (with last_failed_at), so a flapping task is visible.
+BEAT_RECORD = """
+INSERT INTO workers_beattask AS b (name, beat, last_started_at, last_finished_at, last_succeeded_at, last_failed_at,
+                                   last_error, consecutive_failures, failures)
+SELECT t.name, %(beat)s, t.started, t.finished,
+       CASE WHEN t.error = '' THEN t.finished END, CASE WHEN t.error <> '' THEN t.finished END,
+       t.error, (t.error <> '')::int, (t.error <> '')::int
+FROM unnest(%(names)s::text[], %(started)s::timestamptz[], %(finished)s::timestamptz[], %(errors)s::text[])
+     AS t(name, started, finished, error)
+ON CONFLICT (name) DO UPDATE SET
+    beat = EXCLUDED.beat,
+    last_started_at = EXCLUDED.last_started_at,
+    last_finished_at = EXCLUDED.last_finished_at,
+    last_succeeded_at = COALESCE(EXCLUDED.last_succeeded_at, b.last_succeeded_at),
+    last_failed_at = COALESCE(EXCLUDED.last_failed_at, b.last_failed_at),
+    last_error = CASE WHEN EXCLUDED.last_error <> '' THEN EXCLUDED.last_error ELSE b.last_error END,
+    consecutive_failures = CASE WHEN EXCLUDED.last_error <> '' THEN b.consecutive_failures + 1 ELSE 0 END,
+    failures = b.failures + EXCLUDED.failures
+WHERE EXCLUDED.last_error <> '' OR b.consecutive_failures > 0 OR b.last_finished_at IS NULL
+   OR b.last_finished_at <= EXCLUDED.last_finished_at - %(gap)s * interval '1 second'
+"""
+
+# Claim a task shared by the replicas (retention: one pass per interval in all, not one per
+# replica): the row count decides. It starts the run (last_started_at, by this beat's clock, as
+# BEAT_RECORD's times are) only if no replica started it within %(every)s seconds.
+BEAT_CLAIM = """
+INSERT INTO workers_beattask AS b (name, beat, last_started_at, last_error, consecutive_failures, failures)
+VALUES (%(name)s, %(beat)s, %(now)s, '', 0, 0)
+ON CONFLICT (name) DO UPDATE SET beat = EXCLUDED.beat, last_started_at = EXCLUDED.last_started_at
+WHERE b.last_started_at IS NULL OR b.last_started_at <= EXCLUDED.last_started_at - %(every)s * interval '1 second'
+"""
+
+# -- timer-started housekeeping (workers.services.ticks) ----------------------------------------
+
+# Take a task's lease if nobody holds it (never taken, released, or expired: a crashed run's):
+# the row count decides. The CTE reads the row as it was before this statement, so the caller
+# learns whether the previous run ended (released) or crashed (expired unreleased), and by whom.
+TICK_ACQUIRE = """
+WITH previous AS (SELECT owner, expires_at, released_at, last_outcome FROM workers_ticklease WHERE name = %(name)s)
+INSERT INTO workers_ticklease AS l (name, owner, token, acquired_at, expires_at, released_at, last_outcome)
+VALUES (%(name)s, %(owner)s, %(token)s, now(), now() + %(seconds)s * interval '1 second', NULL, '')
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,
+    expires_at = EXCLUDED.expires_at, released_at = NULL
+WHERE l.expires_at IS NULL OR l.expires_at <= now()
+RETURNING (SELECT owner FROM previous), (SELECT expires_at FROM previous),
+          (SELECT released_at FROM previous), (SELECT last_outcome FROM previous)
+"""
+
+# Who holds a task's lease now (asked after a refused TICK_ACQUIRE, for the message).
+TICK_HOLDER = """
+SELECT owner, acquired_at, expires_at FROM workers_ticklease WHERE name = %(name)s
+"""
+
+# The fence: the run still holds its lease (same token, not expired) and extends it by
+# %(seconds)s; no row means another run took it after it expired, and this run must stop.
+TICK_HOLD = """
+UPDATE workers_ticklease SET expires_at = now() + %(seconds)s * interval '1 second'
+WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
+"""
+
+# Release at exit, recording how the run ended; only by the holder (a fenced-out run changes nothing).
+TICK_RELEASE = """
+UPDATE workers_ticklease SET expires_at = NULL, released_at = now(), last_outcome = %(outcome)s
+WHERE name = %(name)s AND token = %(token)s
+"""
+
 # -- jobs (workers.services.jobs) ----------------------------------------------------------------------
 
 # The columns of an enqueued job: the caller's values first (one bound value each, in

@@ -102,6 +102,7 @@ TABLE: dict[str, list[Case]] = {
         *[c("--interval", value, "--once", names="--interval") for value in ("inf", "-inf", "0", "-1", "abc", "1e12", "1e400")],
         c("--interval", names="--interval"),
         c("--once=yes", names="--once"),
+        c("--status=yes", names="--status"),
         c("--nope", names="--nope"),
     ],
     "koala_worker": [
@@ -374,6 +375,13 @@ TABLE: dict[str, list[Case]] = {
         c("--days", names="--days"),
         c("--dry-run=1", names="--dry-run"),
         c("--nope", names="--nope"),
+    ],
+    "koala_tick": [
+        c(names="task"),  # missing: exit 2, like argparse's own refusals
+        *[c(value, names="task") for value in ("nope", "PRUNE", "", NUL, SURROGATE, "prune;budget-report")],
+        *[c("prune", "--lease-seconds", value, names="--lease-seconds") for value in ("0", "-1", "nan", "inf", "abc", "1e9")],
+        c("--list=yes", names="--list"),
+        c("prune", "--nope", names="--nope"),
     ],
 }
 

@@ -20,6 +20,7 @@ backlog: the rest waits for the next pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -77,14 +78,24 @@ def plan(
     return PrunePlan(cutoff=(now or timezone.now()) - timedelta(days=days), batch_size=batch_size, batches=batches)
 
 
-def prune(*, days: int | None = None, batch_size: int | None = None, batches: int | None = None) -> PruneReport:
-    """One bounded pass: up to ``batches`` batches of ``batch_size`` jobs, each its own transaction."""
+def prune(
+    *,
+    days: int | None = None,
+    batch_size: int | None = None,
+    batches: int | None = None,
+    before_batch: Callable[[], None] | None = None,
+) -> PruneReport:
+    """One bounded pass: up to ``batches`` batches of ``batch_size`` jobs, each its own transaction.
+    ``before_batch`` is called before each (``koala_tick prune``: the lease's fence, which raises
+    to stop the pass once another run holds the task)."""
     decided = plan(days=days, batch_size=batch_size, batches=batches)
     report = PruneReport()
     if decided is None:
         return report
     after_at, after_id = _START, 0
     for _ in range(decided.batches):
+        if before_batch is not None:
+            before_batch()
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute(
