@@ -12,6 +12,7 @@ the state directory; tests/support/units.py). It runs as the current user, not t
   the static files and the worker API;
 - the worker takes a job, and runs an export that publishes under ``/var/lib/koala``;
 - the beat rings a job that fell due (only the dispatcher rings a delayed job);
+- each timer's oneshot service runs its ``koala_tick`` task to the end (exit 0), and releases its lease;
 - each process stops cleanly on SIGTERM within its unit's TimeoutStopSec;
 - the env example's settings pass ``manage.py check --deploy`` with no warning.
 """
@@ -37,7 +38,18 @@ from devtools.servers import wait_listening
 from tests.conftest import wait_for
 from tests.dburl import database_url, libpq_params_of
 from tests.support.fleet import free_port
-from tests.support.units import ALL_UNITS, HOST_CODE, HOST_CONFIG, HOST_STATE, UNITS_DIR, Host, Unit, units
+from tests.support.units import (
+    ALL_UNITS,
+    HOST_CODE,
+    HOST_CONFIG,
+    HOST_STATE,
+    TICK_SERVICES,
+    TIMER_UNITS,
+    UNITS_DIR,
+    Host,
+    Unit,
+    units,
+)
 
 # services: each unit's process is given the test database by its location (tests.dburl).
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -246,6 +258,16 @@ def test_each_units_command_serves_with_the_env_examples_settings(tmp_path: Path
         services.wait(lambda: job_state(delayed) == "succeeded", f"the beat to ring job {delayed}", "koala-beat.service")
         assert re.search(r"beat: .* rung=[1-9]", services.log("koala-beat.service")), "the beat says it rang"
 
+        # Each timer's oneshot service, as its timer would start it: its task runs and ends.
+        for name in TICK_SERVICES:
+            tick_unit = shipped[name]
+            [argv] = host.commands(tick_unit)
+            done = services.run(tick_unit, argv, timeout=120)
+            assert done.returncode == 0, f"{name}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            assert done.stdout.startswith(f"tick {argv[-1]}: "), done.stdout
+        held = query(fresh_database, "SELECT name FROM workers_ticklease WHERE expires_at IS NOT NULL ORDER BY name")
+        assert held == [], "every run released its lease"
+
         # At rest each unit uses at most half its MemoryMax: the bound leaves room for work.
         for name, (unit, proc) in services.running.items():
             assert proc.poll() is None, f"{name} exited: {services.log(name)}"
@@ -348,3 +370,30 @@ def test_systemd_analyze_verify_accepts_every_unit(tmp_path: Path) -> None:
     (broken / "koala-beat.service").write_text(text)
     said = verify(tool, broken, "koala-beat.service")
     assert any("restart specifier" in line for line in said) and any("CPUQuotaa" in line for line in said), said
+
+
+def test_systemd_analyze_calendar_previews_every_timers_schedule() -> None:
+    """What docs/housekeeping.md tells an operator to run, for each shipped timer: five next
+    elapses, strictly increasing, the first in the future, each on the timer's own UTC minute."""
+    tool = systemd_analyze()
+    for name in TIMER_UNITS:
+        calendar = units()[name].value("Timer", "OnCalendar")
+        assert calendar, f"{name}: OnCalendar="
+        done = subprocess.run(
+            [tool, "calendar", "--iterations=5", calendar],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "TZ": "UTC"},  # the elapses printed in UTC, whatever this machine's zone
+        )
+        assert done.returncode == 0, f"{name}: {done.stderr}"
+        elapses = re.findall(r"(?:Next elapse|Iter\. #\d): \w{3} (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC", done.stdout)
+        assert len(elapses) == 5, done.stdout
+        assert elapses == sorted(set(elapses)), f"{name}: strictly later each time: {elapses}"
+        hhmm = calendar.split()[1][:5]
+        assert all(e.endswith(f"{hhmm}:00") for e in elapses), f"{name}: every elapse at {hhmm} UTC: {elapses}"
+
+    # The check can fail: systemd refuses a calendar it cannot parse.
+    bad = subprocess.run([tool, "calendar", "--iterations=5", "*-*-* 25:00"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0

@@ -22,8 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 UNITS_DIR = REPO / "deploy" / "systemd"
 ENV_EXAMPLE = UNITS_DIR / "koala.env.example"
-SERVICE_UNITS = ("koala-migrate.service", "koala-web.service", "koala-worker@.service", "koala-beat.service")
-ALL_UNITS = (*SERVICE_UNITS, "koala-alert@.service")
+# The timer-started housekeeping: koala_tick TASK under koala-TASK.service, started by koala-TASK.timer.
+TICK_TASKS = ("prune", "export-cleanup", "budget-report")
+TICK_SERVICES = tuple(f"koala-{task}.service" for task in TICK_TASKS)
+TIMER_UNITS = tuple(f"koala-{task}.timer" for task in TICK_TASKS)
+SERVICE_UNITS = ("koala-migrate.service", "koala-web.service", "koala-worker@.service", "koala-beat.service", *TICK_SERVICES)
+ALL_UNITS = (*SERVICE_UNITS, "koala-alert@.service", *TIMER_UNITS)
 # The host folders the units name, and what each is (moved under Host.root by the tests).
 HOST_CODE, HOST_CONFIG, HOST_STATE = "/opt/koala", "/etc/koala", "/var/lib/koala"
 # What systemd's service manager puts in every service's environment before the unit's own.

@@ -28,6 +28,9 @@ from tests.support.units import (
     HOST_STATE,
     REPO,
     SERVICE_UNITS,
+    TICK_SERVICES,
+    TICK_TASKS,
+    TIMER_UNITS,
     UNITS_DIR,
     Unit,
     command_line,
@@ -37,7 +40,7 @@ from tests.support.units import (
 )
 
 VENV_PYTHON = f"{HOST_CODE}/.venv/bin/python"
-LONG_RUNNING = tuple(name for name in SERVICE_UNITS if name != "koala-migrate.service")
+LONG_RUNNING = tuple(name for name in SERVICE_UNITS if name != "koala-migrate.service" and name not in TICK_SERVICES)
 # Every service unit says these, exactly.
 SAME_IN_EVERY_SERVICE = {
     "User": "koala",
@@ -73,9 +76,9 @@ def option(argv: list[str], name: str) -> str:
 
 
 def test_every_unit_file_is_known_and_parses() -> None:
-    shipped = {p.name for p in UNITS_DIR.glob("*.service")}
+    shipped = {p.name for p in [*UNITS_DIR.glob("*.service"), *UNITS_DIR.glob("*.timer")]}
     assert shipped == set(ALL_UNITS), "a new unit belongs in tests/support/units.py (then every check here covers it)"
-    assert all(unit.sections.get("Service") for unit in units().values())
+    assert all(unit.sections.get("Timer" if name.endswith(".timer") else "Service") for name, unit in units().items())
 
 
 @pytest.mark.parametrize("name", SERVICE_UNITS)
@@ -285,3 +288,41 @@ def test_check_deploy_warns_about_an_exports_folder_inside_the_code(settings: An
 
     assert with_location(str(REPO / ".koala-data" / "exports")) == ["koala.W001"]
     assert with_location(HOST_STATE + "/exports") == []
+
+
+# -- timer-started housekeeping ----------------------------------------------------------------------
+
+
+def test_every_tick_task_has_a_oneshot_service_and_a_timer_and_nothing_else_does() -> None:
+    """Each koala_tick task Koala ships (the engine's and the installed apps') has its pair."""
+    from workers import hooks
+
+    assert set(TICK_TASKS) == set(hooks.tick_tasks()), "a new tick task gets koala-TASK.service and .timer"
+    assert {p.name for p in UNITS_DIR.glob("*.timer")} == set(TIMER_UNITS)
+
+
+@pytest.mark.parametrize("task", TICK_TASKS)
+def test_each_tick_service_runs_its_task_once_and_a_skip_is_not_a_failure(task: str) -> None:
+    from workers.services.ticks import EXIT_PREVIOUS_RUNNING
+
+    unit = units()[f"koala-{task}.service"]
+    assert unit.value("Service", "Type") == "oneshot", "a bounded task: active while it runs, then done"
+    assert exec_start(unit) == [VENV_PYTHON, "manage.py", "koala_tick", task]
+    assert unit.values("Service", "SuccessExitStatus") == [str(EXIT_PREVIOUS_RUNNING)], "skipped (exit 75) raises no alert"
+    assert seconds(unit.value("Service", "TimeoutStartSec")) >= 60, "a stuck run is stopped, not one still working"
+    assert unit.value("Service", "Restart") is None, "the timer starts it again; a failure alerts (OnFailure)"
+    assert unit.value("Install", "WantedBy") is None, "started by its timer, not at boot"
+
+
+@pytest.mark.parametrize("task", TICK_TASKS)
+def test_each_timer_is_persistent_spread_and_zoned_on_purpose(task: str) -> None:
+    timer = units()[f"koala-{task}.timer"]
+    assert timer.value("Timer", "Unit") == f"koala-{task}.service"
+    calendar = timer.value("Timer", "OnCalendar") or ""
+    assert calendar.endswith(" UTC"), f"{calendar!r}: a zone written in the timer, never the host's local one"
+    assert timer.value("Timer", "Persistent") == "true", "a run missed while the host was off runs once at start"
+    assert seconds(timer.value("Timer", "RandomizedDelaySec")) > 0 and timer.value("Timer", "FixedRandomDelay") == "true"
+    assert seconds(timer.value("Timer", "AccuracySec")) <= 60
+    assert timer.value("Install", "WantedBy") == "timers.target"
+    text = (UNITS_DIR / f"koala-{task}.timer").read_text()
+    assert f"systemd-analyze calendar --iterations=5 '{calendar}'" in text, "the timer says how to preview it"
