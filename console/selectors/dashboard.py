@@ -37,6 +37,7 @@ from workers.models import (
     WorkerExit,
     WorkerProcess,
 )
+from workers.selectors.beat import BeatTaskHealth, beat_health
 from workers.services.operations import needing_attention
 from workers.services.pauses import active_pauses
 
@@ -122,6 +123,8 @@ class Dashboard:
     pending_reviews: int
     overshoots: list[Operation] = field(default_factory=list)
     zone: str = "UTC"  # the charts' time zone (chart_zone)
+    # Each beat step's last tick (workers.selectors.beat: one read of a row per step).
+    beat: list[BeatTaskHealth] = field(default_factory=list)
 
     @property
     def sample_label(self) -> str:
@@ -488,4 +491,5 @@ def _build(now: dt.datetime) -> Dashboard:
         pending_reviews=ReviewRequest.objects.filter(state=ReviewState.PENDING).count(),
         overshoots=overshoots(now=now),
         zone=str(zone),
+        beat=beat_health(now=now),
     )

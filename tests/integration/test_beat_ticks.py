@@ -119,3 +119,19 @@ def test_replicas_write_a_success_about_once_per_interval_and_share_retention(re
 def test_an_app_cannot_take_a_name_of_the_beats_own_steps() -> None:
     with pytest.raises(ValueError, match="dispatch"):
         hooks.register_beat_task("dispatch", lambda: 0)
+
+
+def test_the_dashboard_shows_each_steps_last_tick(redis_clean: None, client, broken_task: list[int]) -> None:  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import User
+
+    from tests.support.console import ensure_roles
+
+    with pytest.raises(CommandError):
+        beat_tick()
+    ensure_roles()
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+    page = client.get("/admin/console/").content.decode()
+    table = page[page.index('id="beat"') :]
+    assert '<tr data-status="failing">\n      <th scope="row">broken</th>' in table
+    assert '<tr data-status="ok">\n      <th scope="row">dispatch</th>' in table
+    assert "Broken" in table
