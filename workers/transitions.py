@@ -246,7 +246,9 @@ def end_attempts(endings: Sequence[Ending]) -> list[Rejection | None]:
         if completions:
             rows = [_completion_row(e) for _i, e in completions]
             with connection.cursor() as cursor:
-                cursor.execute(sql.COMPLETE_MANY, {"rows": json.dumps(rows, default=str)})
+                cursor.execute(
+                    sql.COMPLETE_MANY, {"rows": json.dumps(rows, default=str), "job_ids": [row["job_id"] for row in rows]}
+                )
                 got = {int(row[0]): row for row in cursor.fetchall()}
             for i, e in completions:
                 row = got.get(e.lease.job_id)
