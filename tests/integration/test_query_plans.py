@@ -311,7 +311,6 @@ def test_every_dashboard_statement_is_a_bounded_index_read(seeded: None, monkeyp
     assert all(kind.startswith("Index") for kind, _ in due), due
 
 
-
 def test_a_batchs_completion_and_heartbeat_find_their_jobs_by_primary_key() -> None:
     # Joined only to a set-returning function of the batch (jsonb_to_recordset, unnest), whose size
     # the planner guesses at 100 rows, the job table was read whole by a sequential scan while it
@@ -320,7 +319,13 @@ def test_a_batchs_completion_and_heartbeat_find_their_jobs_by_primary_key() -> N
     # planner sizes. No ANALYZE here on purpose: the table is as a fresh deployment's.
     enqueue_many(specs=[JobSpec(kind="noop", input={"i": i}) for i in range(3_000)])
     got = leases.claim_from(
-        queues=["default"], served=["noop@1"], worker="w-plan", lease_seconds=30, count=4, state=leases.ClaimPass.read(), batchable=True
+        queues=["default"],
+        served=["noop@1"],
+        worker="w-plan",
+        lease_seconds=30,
+        count=4,
+        state=leases.ClaimPass.read(),
+        batchable=True,
     )
     assert len(got) == 4
     with captured() as statements:
