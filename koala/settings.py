@@ -77,6 +77,10 @@ try:
     # and how long a batch's completions may wait in memory for the batch's one write.
     KOALA_CLAIM_BATCH = env.integer("KOALA_CLAIM_BATCH", 16, minimum=1)
     KOALA_BATCH_COMPLETE_SECONDS = env.number("KOALA_BATCH_COMPLETE_SECONDS", 1.0, minimum=0.01)
+    # The engine's hot statements are prepared once per database session (workers/prepared.py).
+    # Off behind a pooler that gives each transaction another server session (PgBouncer's
+    # transaction mode), where a statement prepared on one is missing on the next.
+    KOALA_PREPARED_STATEMENTS = env.boolean("KOALA_PREPARED_STATEMENTS", True)
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
     # Retention (docs/operations.md, "Retention"): finished jobs, their attempts and what hangs on
     # them are deleted this many days after they finished, by the beat, in batches of

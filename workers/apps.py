@@ -6,9 +6,10 @@ class WorkersConfig(AppConfig):
     verbose_name = "Workers"
 
     def ready(self) -> None:
-        from workers import kinds
+        from workers import kinds, prepared
         from workers.services import ticks
 
         kinds.load_configured_kinds()
         # The engine's timer-started tasks (koala_tick prune, budget-report); apps add theirs.
         ticks.register_engine_tasks()
+        prepared.install()

@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from console.selectors.jobs import JobFilter, filtered_jobs
-from workers import outcomes
+from workers import outcomes, sql
 from workers.services import budgets, leases, maintenance
 from workers.services.jobs import JobSpec, enqueue_many
 from workers.transitions import Ending, end_attempts
@@ -335,3 +335,20 @@ def test_a_batchs_completion_and_heartbeat_find_their_jobs_by_primary_key() -> N
         sql, params = next((s, p) for s, p in statements if marker in s)
         scans = job_scans(plan(sql, params))
         assert scans and all(kind != "Seq Scan" for kind, _ in scans), (marker, scans)
+
+
+def test_the_claims_generic_plan_reads_the_head_of_its_queue_on_the_claim_index(seeded: None) -> None:
+    # Prepared (workers/prepared.py), the claim runs on PostgreSQL's generic plan once it is no
+    # dearer than the custom ones: that plan, made without the values, must still be the index walk.
+    served = [f"{kind}@1" for kind in KINDS]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    with captured() as statements:
+        assert leases.claim_next(queue="default", served=served, worker="w-plan", lease_seconds=30, gated=False)
+    _sql, params = next((s, p) for s, p in statements if "FOR UPDATE SKIP LOCKED" in s)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'koala_claim_next'")
+        assert cursor.fetchone() == (1,)
+    scans = job_scans(plan(sql.PREPARED[sql.CLAIM_NEXT].execute, params))
+    assert ("Index Scan", "job_claim_idx") in scans, scans
+    assert all(kind != "Seq Scan" and not kind.startswith("Bitmap") for kind, _ in scans), scans

@@ -57,6 +57,13 @@ KNOWN_EXCEPTIONS = {
         "administrative SQL on the embedded server's maintenance database, before Django's database exists: "
         "a pg_database lookup and CREATE DATABASE, whose name is an identifier no parameter can bind"
     ),
+    "workers/prepared.py:PreparingCursor.execute": (
+        "the cursor every session uses: it runs the statement its caller handed it, or that "
+        "statement's prepared form from workers.sql.PREPARED (composed there from the statement itself)"
+    ),
+    "workers/prepared.py:PreparingCursor._prepare": (
+        "runs workers.sql.PREPARED's PREPARE/DEALLOCATE of a statement (composed in workers/sql.py from it)"
+    ),
     "exports/streaming.py:CopyReader.__enter__": (
         "runs the statement its caller hands CopyReader(statement=…); "
         "test_helpers_that_take_a_statement_are_only_given_home_ones checks those callers"
