@@ -1188,10 +1188,10 @@ class Prepared:
 
         def number(match: re.Match[str]) -> str:
             nonlocal positional
-            token = match.group(0)
-            if token == "%%":
+            placeholder = match.group(0)
+            if placeholder == "%%":
                 return "%"
-            if token == "%s":
+            if placeholder == "%s":
                 positional += 1
                 return f"${positional}"
             key = match.group(1)

@@ -32,7 +32,8 @@ def test_the_hot_path_runs_prepared_and_ends_as_it_would_unprepared() -> None:
     ids = [enqueue(kind="noop", input={"i": i}).job_id for i in range(3)]
     got = [claim() for _ in ids]
     assert [lease.job_id for lease in got if lease] == ids
-    assert end_attempts([Ending(outcomes.Complete(result={"i": i}, state_delta={}), lease) for i, lease in enumerate(got) if lease])
+    endings = [Ending(outcomes.Complete(result={"i": i}, state_delta={}), lease) for i, lease in enumerate(got) if lease]
+    assert end_attempts(endings) == [None] * 3
     assert {"koala_insert_job", "koala_claim_next", "koala_complete_many"} <= prepared_here()
     assert sorted(Job.objects.filter(id__in=ids).values_list("state", flat=True)) == ["succeeded"] * 3
 

@@ -18,7 +18,8 @@ import pytest
 from django.db import connection
 
 from console.selectors.jobs import JobFilter, filtered_jobs
-from workers import outcomes, sql
+from workers import outcomes
+from workers import sql as engine_sql
 from workers.services import budgets, leases, maintenance
 from workers.services.jobs import JobSpec, enqueue_many
 from workers.transitions import Ending, end_attempts
@@ -349,6 +350,6 @@ def test_the_claims_generic_plan_reads_the_head_of_its_queue_on_the_claim_index(
     with connection.cursor() as cursor:
         cursor.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'koala_claim_next'")
         assert cursor.fetchone() == (1,)
-    scans = job_scans(plan(sql.PREPARED[sql.CLAIM_NEXT].execute, params))
+    scans = job_scans(plan(engine_sql.PREPARED[engine_sql.CLAIM_NEXT].execute, params))
     assert ("Index Scan", "job_claim_idx") in scans, scans
     assert all(kind != "Seq Scan" and not kind.startswith("Bitmap") for kind, _ in scans), scans
