@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
@@ -38,6 +38,11 @@ from django.db.backends.postgresql.base import Cursor
 from django.db.backends.signals import connection_created
 
 from workers import sql
+
+if TYPE_CHECKING:  # Django's stubs leave its cursor class untyped; at run time it is psycopg's ClientCursor
+    _DjangoCursor = psycopg.ClientCursor[Any]
+else:
+    _DjangoCursor = Cursor
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ def _is_stale(exc: psycopg.Error) -> bool:
     return isinstance(exc, psycopg.errors.FeatureNotSupported) and "cached plan" in str(exc)
 
 
-class PreparingCursor(Cursor):
+class PreparingCursor(_DjangoCursor):
     """Django's PostgreSQL cursor that runs ``sql.PREPARED``'s statements prepared."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
