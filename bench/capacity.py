@@ -500,7 +500,8 @@ def run_level(
     level.attempts_failed = attempts.exclude(outcome=Outcome.SUCCEEDED).count()
     small = Job.objects.filter(window, queue=SMALL_QUEUE)
     level.small_failed += small.filter(state=JobState.FAILED).count()
-    e2e = [(f - c).total_seconds() for f, c in small.filter(state=JobState.SUCCEEDED).values_list("finished_at", "created_at")]
+    finished = small.filter(state=JobState.SUCCEEDED).values_list("finished_at", "created_at")
+    e2e = [(f - c).total_seconds() for f, c in finished if f is not None]  # the window's filter: never None
     level.small_done, level.small_e2e = len(e2e), e2e
     deleted = delete_published(storage, deleted)
     print(
