@@ -74,7 +74,12 @@ PAGES = ("/admin/console/", "/admin/console/exports/")
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default=None, help="export concurrency levels, comma-separated (default 1,2,4)")
+    parser.add_argument(
+        "--levels", default=None, help="export concurrency levels, comma-separated, run in this order (default 1,2,4)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of every level, the order reversed each time (default 1); pooled"
+    )
     parser.add_argument("--duration", type=float, default=None, help="measured seconds per level (default 60)")
     parser.add_argument("--warmup", type=float, default=None, help="seconds per level before the window (default 5)")
     parser.add_argument("--sizes", default=None, help="rows of the exports in the backlog (default 10000,100000,1000000)")
@@ -93,10 +98,12 @@ def parse_args() -> argparse.Namespace:
     args.sizes = [int(n) for n in (args.sizes or ("1000,3000,10000" if quick else "10000,100000,1000000")).split(",")]
     args.mix = [int(n) for n in args.mix.split(",")]
     args.backlog = args.backlog if args.backlog is not None else (4 if quick else 24)
-    if not args.levels or min(args.levels) < 1 or max(args.levels) > 16:
-        parser.error("--levels must be between 1 and 16")
+    if not args.levels or min(args.levels) < 1 or max(args.levels) > 16 or len(set(args.levels)) != len(args.levels):
+        parser.error("--levels must be distinct numbers between 1 and 16")
     if len(args.mix) != len(args.sizes) or min(args.mix) < 0 or sum(args.mix) < 1 or min(args.sizes) < 1:
         parser.error("--mix needs one non-negative count per size (and --sizes positive)")
+    if args.repeat < 1:
+        parser.error("--repeat must be positive")
     if args.duration <= 0 or args.warmup < 0 or args.backlog < 1 or args.small_rate <= 0 or args.http_rate <= 0:
         parser.error("--duration, --backlog, --small-rate and --http-rate must be positive")
     return args
@@ -384,6 +391,8 @@ class Level:
     cpu_iowait: float = 0.0
     load: float = 0.0
     dry: float = 0.0  # share of the window's looks that found no export queued
+    split_n: int = 0  # the succeeded export attempts the split is the mean of
+    runs: list[float] = field(default_factory=list)  # exports/min of each repetition, in run order
 
     @property
     def per_minute(self) -> float:
@@ -392,6 +401,41 @@ class Level:
     @property
     def failures(self) -> int:
         return self.exports_failed + self.small_failed + self.traffic.failures
+
+
+def pooled(runs: list[Level]) -> Level:
+    """The repetitions of one level as one window: counts and samples pooled, rates over the total time."""
+    if len(runs) == 1:
+        return runs[0]
+    seconds = sum(r.seconds for r in runs)
+    n = sum(r.split_n for r in runs)
+    compute, db, storage = (sum(r.split[i] * r.split_n for r in runs) / n if n else 0.0 for i in range(3))
+    return Level(
+        concurrency=runs[0].concurrency,
+        seconds=seconds,
+        exports=sum(r.exports for r in runs),
+        rows=sum(r.rows for r in runs),
+        exports_failed=sum(r.exports_failed for r in runs),
+        attempts_failed=sum(r.attempts_failed for r in runs),
+        small_done=sum(r.small_done for r in runs),
+        small_failed=sum(r.small_failed for r in runs),
+        small_e2e=[v for r in runs for v in r.small_e2e],
+        ages={q: [v for r in runs for v in r.ages[q]] for q in runs[0].ages},
+        rss_per_export=[v for r in runs for v in r.rss_per_export],
+        split=(compute, db, storage),
+        traffic=Traffic(
+            api=[v for r in runs for v in r.traffic.api],
+            pages=[v for r in runs for v in r.traffic.pages],
+            failures=sum(r.traffic.failures for r in runs),
+            problems=[p for r in runs for p in r.traffic.problems],
+        ),
+        cpu_busy=sum(r.cpu_busy * r.seconds for r in runs) / seconds,
+        cpu_iowait=sum(r.cpu_iowait * r.seconds for r in runs) / seconds,
+        load=sum(r.load for r in runs) / len(runs),
+        dry=sum(r.dry for r in runs) / len(runs),
+        split_n=n,
+        runs=[v for r in runs for v in r.runs],
+    )
 
 
 def oldest_ages() -> dict[str, float]:
@@ -497,6 +541,7 @@ def run_level(
     )
     if split["n"]:
         level.split = (split["compute"] / split["n"], split["db"] / split["n"], split["storage"] / split["n"])
+        level.split_n = split["n"]
     level.attempts_failed = attempts.exclude(outcome=Outcome.SUCCEEDED).count()
     small = Job.objects.filter(window, queue=SMALL_QUEUE)
     level.small_failed += small.filter(state=JobState.FAILED).count()
@@ -504,6 +549,7 @@ def run_level(
     e2e = [(f - c).total_seconds() for f, c in finished if f is not None]  # the window's filter: never None
     level.small_done, level.small_e2e = len(e2e), e2e
     deleted = delete_published(storage, deleted)
+    level.runs = [level.per_minute]
     print(
         f"  concurrency {concurrency}: {level.exports} exports ({level.per_minute:.1f}/min), "
         f"{level.small_done} small jobs, {level.failures} failures, CPU {level.cpu_busy:.0%}",
@@ -528,9 +574,13 @@ def p50(traffic: list[float]) -> float:
     return pct(traffic, 0.50) * 1000
 
 
+def each(level: Level) -> str:
+    return f" ({', '.join(f'{r:,.0f}' for r in level.runs)})" if len(level.runs) > 1 else ""
+
+
 def table(levels: list[Level]) -> list[str]:
     lines = [
-        "| concurrency (workers = budget) | exports/min | vs first | rows/min | oldest age p50 / max s: exports | "
+        "| concurrency (workers = budget) | exports/min (each run) | vs first | rows/min | oldest age p50 / max s: exports | "
         "oldest age p50 / max s: default | small job e2e p50 / p95 ms | API p50 / p95 ms | pages p50 / p95 ms | "
         "failures (exports / small / HTTP; failed attempts) | worker RSS per active export MiB (median / max) | "
         "per export s: db wait / compute / storage (db share) | host CPU busy (iowait) | load avg |",
@@ -543,7 +593,7 @@ def table(levels: list[Level]) -> list[str]:
         busy = compute + db + storage
         rss = level.rss_per_export
         lines.append(
-            f"| {level.concurrency} | {level.per_minute:,.1f} | {level.per_minute / first:.2f}x | "
+            f"| {level.concurrency} | {level.per_minute:,.1f}{each(level)} | {level.per_minute / first:.2f}x | "
             f"{level.rows * 60 / level.seconds:,.0f} | {pct(ex, 0.5):.1f} / {max(ex, default=0):.1f} | "
             f"{pct(small, 0.5):.2f} / {max(small, default=0):.2f} | "
             f"{p50(level.small_e2e):.0f} / {p95(level.small_e2e):.0f} | "
@@ -594,11 +644,13 @@ def machine_info(args: argparse.Namespace) -> list[str]:
         cursor.execute("SHOW server_version")
         (pg_version,) = cursor.fetchone()
     mix = ", ".join(f"{count} x {size:,} rows" for size, count in zip(args.sizes, args.mix, strict=True))
+    order = ",".join(map(str, args.levels)) + (" then reversed, alternately" if args.repeat > 1 else "")
     return [
         f"- nproc: {len(os.sched_getaffinity(0))}, {platform.system()} {platform.release()}, "
         f"load average {os.getloadavg()[0]:.2f} at the start",
         f"- Python {platform.python_version()}, Django {django.get_version()}, PostgreSQL {pg_version.split()[0]}",
-        f"- per level: {args.warmup:g} s warm-up, {args.duration:g} s measured; backlog {args.backlog} queued exports "
+        f"- per level and run: {args.warmup:g} s warm-up, {args.duration:g} s measured, {args.repeat} run(s), "
+        f"order {order}; backlog {args.backlog} queued exports "
         f"(cycle: {mix}); small jobs {args.small_rate:g}/s on queue {SMALL_QUEUE!r} (1 worker); "
         f"HTTP {args.http_rate:g} GET/s to {args.web_workers} uvicorn process(es); 1 koala_beat",
     ]
@@ -624,7 +676,13 @@ def main() -> None:
         print("\n".join(machine_info(args)))
         server = Server(logdir, "web", workers=args.web_workers if args.web_workers > 1 else None)
         ctx = {"accounts": accounts, "budget": exports_budget(), "cookie": cookie, "key": key, "port": server.port}
-        levels = [run_level(n, args, ctx, storage, logdir, env) for n in args.levels]
+        # Repetitions alternate the order (1,2,4 then 4,2,1): a load that drifts during the run
+        # (a shared host) then weighs on every level alike. Reported in ascending order.
+        done: dict[int, list[Level]] = {n: [] for n in args.levels}
+        for repetition in range(args.repeat):
+            for n in args.levels if repetition % 2 == 0 else args.levels[::-1]:
+                done[n].append(run_level(n, args, ctx, storage, logdir, env))
+        levels = sorted((pooled(runs) for runs in done.values()), key=lambda level: level.concurrency)
         print(f"- load average {os.getloadavg()[0]:.2f} at the end")
         print()
         print("\n".join(table(levels)))
