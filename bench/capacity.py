@@ -1,7 +1,7 @@
 """Capacity experiment: export concurrency 1, 2, 4 under the same backlog and the same HTTP traffic.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/koala_bench REDIS_URL=redis://127.0.0.1:6379/5 \\
-        python -m bench.capacity [--levels 1,2,4] [--duration 60] [--warmup 5] [--quick]
+        python -m bench.capacity [--levels 1,2,4] [--duration 60] [--warmup 5] [--repeat 1] [--quick]
 
 Not a test: it prints machine information, one markdown table and the stop rule's verdict on
 stdout (docs/exports.md, "Capacity: set the budget before adding processes"). For each level N:
@@ -20,6 +20,10 @@ stdout (docs/exports.md, "Capacity: set the budget before adding processes"). Fo
   finished in it, the oldest due job's age per queue and the export workers' RSS (sampled each
   second), HTTP latency, failures, the export attempts' own time split (compute / database wait /
   storage wait, recorded by the engine on each attempt) and host CPU from /proc/stat.
+
+With ``--repeat R`` every level runs R times, the order reversed each time (1,2,4,4,2,1, ...), so
+a load that drifts on a shared host weighs on every level alike; the table pools the runs and
+shows each run's exports/min.
 
 The verdict: adding concurrency stopped paying at the first level whose exports/min rose less
 than 15 % over the previous level while the database wait per export or the HTTP p95 grew;
