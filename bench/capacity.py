@@ -634,8 +634,8 @@ def verdict(levels: list[Level]) -> tuple[str, int]:
     last = levels[-1]
     return (
         f"Adding concurrency still paid up to {last.concurrency} (each level at least {PAYS:.0%} more exports/min, "
-        f"or no growth in database wait or latency): measure higher levels before raising the default; "
-        f"recommended exports budget default from this run: concurrency_limit={last.concurrency}.",
+        f"or no growth in database wait or latency); measure higher levels before going further. "
+        f"Recommended exports budget default: concurrency_limit={last.concurrency}.",
         last.concurrency,
     )
 
