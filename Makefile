@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-scale bench-flat bench-api bench-api-start requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-flat bench-api bench-api-start requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -98,6 +98,13 @@ bench-peers-env: ## Create/refresh .venv-peers (Celery, Procrastinate) from requ
 bench-exports: bootstrap ## Export benchmark vs plain COPY (bench/export_bench.py; BENCH_ARGS=...)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.export_bench "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+# Export concurrency 1, 2, 4 (worker processes and the exports budget's limit) under the same
+# backlog, small jobs and HTTP traffic; about 4 minutes (BENCH_ARGS="--duration 90", "--quick").
+bench-capacity: bootstrap ## Capacity experiment: export concurrency 1/2/4 under one load, where it stops paying (bench/capacity.py)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.capacity "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 # Seeds 1M jobs into koala_bench (about 1.5 min, reused while the count matches) and times the

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.django_db(tran
 BENCHES = {
     "throughput": (["--jobs", "30", "--fork-jobs", "10", "--workers", "1", "--force"], "Verified every run"),
     "export_bench": (["--sizes", "2000", "--force"], "| 2,000 |"),
+    "capacity": (["--quick", "--force"], "Recommended exports budget default: concurrency_limit="),
     "scale": (
         ["--jobs", "2000", "--reps", "3", "--page-reps", "2", "--dashboard-reps", "1", "--before-reps", "1", "--force"],
         "| engine | claim (leases.claim_next) |",
@@ -57,6 +58,14 @@ def test_benchmark_runs_with_tiny_sizes(name: str, redis_clean: None) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert expected in done.stdout, output[-4000:]
+    if name == "capacity":
+        # One row per level, each with exports finished and HTTP latencies measured (not judged).
+        rows = [line for line in done.stdout.splitlines() if re.match(r"\| [12] \|", line)]
+        assert len(rows) == 2, output[-4000:]
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert float(cells[1].replace(",", "")) > 0, row  # exports/min
+            assert all(math.isfinite(float(n)) for n in cells[7].split(" / ")), row  # API p50 / p95
     if name == "worker_api":
         # Every measured number in the table is finite (the targets are not checked: not a speed test).
         rows = [line for line in done.stdout.splitlines() if line.startswith(("| idle", "| wake", "| drain"))]
