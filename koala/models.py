@@ -50,6 +50,13 @@ class AuditAction(models.TextChoices):
     RUN_SIGNAL = "run.signal", "run.signal: send a signal to a run"
     RUN_CANCEL = "run.cancel", "run.cancel: cancel a workflow run"
     RUN_MOVE = "run.move", "run.move: move a run to another version of its definition"
+    # Schedules (schedules.services). A pause by the schedule itself (pause_on_failures) has actor "schedule".
+    SCHEDULE_CREATE = "schedule.create", "schedule.create: create a schedule"
+    SCHEDULE_UPDATE = "schedule.update", "schedule.update: change a schedule"
+    SCHEDULE_PAUSE = "schedule.pause", "schedule.pause: pause a schedule"
+    SCHEDULE_RESUME = "schedule.resume", "schedule.resume: resume a schedule"
+    SCHEDULE_RUN_NOW = "schedule.run_now", "schedule.run_now: run a schedule's kind now (a manual slot)"
+    SCHEDULE_BACKFILL = "schedule.backfill", "schedule.backfill: run a schedule's past slots"
 
 
 class AuditEvent(models.Model):

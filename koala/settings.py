@@ -253,6 +253,7 @@ INSTALLED_APPS = [
     "exports",
     "traces",
     "flows",
+    "schedules",
     "api",
     "devtools",
 ]
