@@ -10,8 +10,8 @@ rest of the year are checked in each zone.
 from __future__ import annotations
 
 import random
-from functools import cache
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from itertools import islice
 from zoneinfo import ZoneInfo
 
@@ -133,7 +133,9 @@ def test_a_fixed_time_in_a_skipped_or_repeated_hour_fires_once_as_documented(zon
         # Every 15 minutes of the affected wall times, and the quarter hours just around them.
         affected = abs(shift)
         for quarter in range(-1, int(affected / timedelta(minutes=15)) + 1):
-            wall = (wall_before.replace(tzinfo=None) if shift > timedelta(0) else (wall_before - affected).replace(tzinfo=None)) + quarter * timedelta(minutes=15)
+            wall = (
+                wall_before.replace(tzinfo=None) if shift > timedelta(0) else (wall_before - affected).replace(tzinfo=None)
+            ) + quarter * timedelta(minutes=15)
             timing = Timing(zone=zone, cron=f"{wall.minute} {wall.hour} * * *")
             slots = local_day_slots(timing, wall)
             assert len(slots) == 1, (zone, wall, slots)
@@ -182,7 +184,11 @@ def test_an_interval_counts_real_seconds_from_its_anchor() -> None:
     assert timing.upcoming(anchor - timedelta(seconds=1), 3) == [anchor + timedelta(hours=h) for h in range(3)]
     assert timing.next_after(anchor + timedelta(minutes=30)) == anchor + timedelta(hours=1)
     bounded = Timing(zone="UTC", interval_seconds=60, anchor=anchor, starts_at=anchor, ends_at=anchor + timedelta(minutes=2))
-    assert list(bounded.after(anchor - timedelta(days=1))) == [anchor, anchor + timedelta(minutes=1), anchor + timedelta(minutes=2)]
+    assert list(bounded.after(anchor - timedelta(days=1))) == [
+        anchor,
+        anchor + timedelta(minutes=1),
+        anchor + timedelta(minutes=2),
+    ]
 
 
 @pytest.mark.parametrize(
