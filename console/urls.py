@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import attention, budgets, dashboard, exports, jobs, pauses, runs
+from console.views import attention, budgets, dashboard, exports, jobs, pauses, runs, schedules
 
 app_name = "console"
 
@@ -33,4 +33,7 @@ urlpatterns = [
     path("runs/<int:run_id>/signal/", runs.run_signal, name="run_signal"),
     path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/move/", runs.run_move, name="run_move"),
+    path("schedules/", schedules.schedule_list, name="schedules"),
+    path("schedules/<int:schedule_id>/", schedules.schedule_detail, name="schedule"),
+    path("schedules/<int:schedule_id>/act/", schedules.schedule_act, name="schedule_act"),
 ]

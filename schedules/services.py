@@ -43,7 +43,7 @@ MAX_BACKFILL_SLOTS = 100
 MAX_WALK = 1_000_000
 SYSTEM_ACTOR = "schedule"
 
-_FIELDS = (
+FIELDS = (
     "kind",
     "input",
     "queue",
@@ -296,7 +296,7 @@ def _enqueue(schedule: Schedule, slots: list[datetime], *, now: datetime, skippe
 
 
 # -- people's writes ---------------------------------------------------------------------------
-def _validated(values: Mapping[str, Any]) -> dict[str, Any]:
+def validated(values: Mapping[str, Any]) -> dict[str, Any]:
     """The schedule's fields checked as one spec, or ScheduleError saying what is wrong."""
     data = dict(values)
     data.setdefault("input", {})
@@ -346,7 +346,7 @@ def _validated(values: Mapping[str, Any]) -> dict[str, Any]:
     data.setdefault("jitter_seconds", 0)
     if data["jitter_seconds"] is None:
         data["jitter_seconds"] = 0
-    unknown = set(data) - set(_FIELDS)
+    unknown = set(data) - set(FIELDS)
     if unknown:
         raise ScheduleError(f"unknown schedule fields: {', '.join(sorted(unknown))}.")
     return data
@@ -355,7 +355,7 @@ def _validated(values: Mapping[str, Any]) -> dict[str, Any]:
 def create_schedule(*, name: str, actor: str, now: datetime | None = None, **values: Any) -> Schedule:
     """A new schedule, its first slot strictly after ``now`` (its start, if later)."""
     now = now or timezone.now()
-    data = _validated(values)
+    data = validated(values)
     if not name or Schedule._meta.get_field("name").max_length < len(name):  # type: ignore[operator]
         raise ScheduleError("a schedule needs a name of 1-100 characters.")
     with transaction.atomic():
@@ -389,9 +389,9 @@ def update_schedule(*, schedule_id: int, actor: str, now: datetime | None = None
     now = now or timezone.now()
     with transaction.atomic():
         schedule = _locked(schedule_id)
-        current = {name: getattr(schedule, name) for name in _FIELDS}
-        data = _validated({**current, **changes})
-        changed = {name for name in _FIELDS if data.get(name) != current[name]}
+        current = {name: getattr(schedule, name) for name in FIELDS}
+        data = validated({**current, **changes})
+        changed = {name for name in FIELDS if data.get(name) != current[name]}
         for name in changed:
             setattr(schedule, name, data[name])
         if changed & _TIMING_FIELDS:
@@ -579,7 +579,7 @@ def _plain(value: Any) -> Any:
 
 
 def _describe(schedule: Schedule) -> dict[str, Any]:
-    return {name: _plain(getattr(schedule, name)) for name in _FIELDS if name != "input"}
+    return {name: _plain(getattr(schedule, name)) for name in FIELDS if name != "input"}
 
 
 __all__ = [
