@@ -27,7 +27,7 @@ class ScheduleForm(forms.ModelForm):
         fields = ["name", *_EDITABLE]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         values = {name: data.get(name) for name in _EDITABLE}
         values["input"] = values["input"] if values["input"] is not None else {}
         try:

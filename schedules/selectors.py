@@ -70,6 +70,8 @@ def get_schedule(*, schedule_id: int | None = None, name: str | None = None) -> 
     try:
         if name is not None:
             return Schedule.objects.get(name=name)
+        if schedule_id is None:
+            raise ScheduleError("name a schedule (its id or its name).")
         return Schedule.objects.get(pk=schedule_id)
     except Schedule.DoesNotExist:
         raise ScheduleError(f"no schedule {name!r}." if name is not None else f"no schedule #{schedule_id}.") from None

@@ -123,7 +123,7 @@ def _recent_jobs(schedule: Schedule, count: int) -> list[tuple[Occurrence, str |
     """The newest runs of the schedule (by row id) with their job's state (None: pruned)."""
     runs = list(Occurrence.objects.filter(schedule=schedule, job_id__isnull=False).order_by("-id")[:count])
     states = dict(Job.objects.filter(pk__in=[run.job_id for run in runs]).values_list("pk", "state"))
-    return [(run, states.get(run.job_id)) for run in runs]
+    return [(run, states.get(run.job_id) if run.job_id is not None else None) for run in runs]
 
 
 def _active(schedule: Schedule) -> bool:

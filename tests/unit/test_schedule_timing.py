@@ -113,7 +113,7 @@ def local_day_slots(timing: Timing, day: datetime) -> list[datetime]:
     """The slots whose wall date (in the timing's zone) is ``day``'s date."""
     tz = timing.tz
     start = datetime(day.year, day.month, day.day, tzinfo=tz) - timedelta(days=1)
-    out = []
+    out: list[datetime] = []
     for slot in timing.after(start.astimezone(UTC)):
         local = slot.astimezone(tz).date()
         if local > day.date():
