@@ -38,6 +38,7 @@ from exports.demo_data import generate_events
 from exports.models import Account
 from exports.services import request_export
 from reviews.models import ReviewRequest
+from schedules import services as schedule_services
 from tests.conftest import REPO, worker_env
 from tests.inprocess import run_until
 from workers.services import budgets, pauses
@@ -45,7 +46,7 @@ from workers.services.jobs import enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-KOALA_APPS = ("koala", "workers", "effects", "reviews", "console", "exports", "api", "devtools")
+KOALA_APPS = ("koala", "workers", "effects", "reviews", "console", "exports", "api", "devtools", "schedules")
 # Options every Django command has; Koala's table covers the ones Koala's commands define.
 DJANGO_DESTS = {"help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
 
@@ -227,6 +228,130 @@ TABLE: dict[str, list[Case]] = {
         *actor_cases("{pause}"),
         c("--global=1", names="--global"),
         c("{pause}", "--nope", names="--nope"),
+    ],
+    "koala_schedule": [
+        c(names="action"),
+        c("nope", names="action"),
+        c("list", "extra", names="extra"),
+        c("show", names="name"),
+        c("show", "nope", names="schedule"),
+        *[c("show", value, names="name") for value in (NUL, "n" * 101)],
+        *[
+            case
+            for verb in ("create", "update")
+            for case in (
+                c(verb, names="name"),
+                c(verb, NUL, "--kind", "noop", "--cron", "@daily", "--zone", "UTC", names="name"),
+                c(verb, "s1", "--file", "/nonexistent/spec.json", names="--file"),
+                c(verb, "s1", "--file", NUL, names="--file"),
+                *[
+                    c(verb, "s1", "--kind", value, "--cron", "@daily", "--zone", "UTC", names="kind")
+                    for value in ("no.such.kind", NUL)
+                ],
+                *[
+                    c(verb, "s1", "--kind", "noop", "--input", value, "--cron", "@daily", "--zone", "UTC", names="--input")
+                    for value in ("[1]", "{", DEEP_JSON)
+                ],
+                c(verb, "s1", "--kind", "noop", "--queue", "nope", "--cron", "@daily", "--zone", "UTC", names="queue"),
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", value, "--zone", "UTC", names="cron")
+                    for value in ("61 * * * *", "* * *", "@fortnightly", NUL)
+                ],
+                *[
+                    c(verb, "s1", "--kind", "noop", "--interval", value, "--zone", "UTC", names="--interval")
+                    for value in ("0", "-1", "abc", HUGE)
+                ],
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", value, names="--zone")
+                    for value in ("Mars/Olympus", NUL)
+                ],
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC", flag, value, names=flag)
+                    for flag in ("--starts", "--ends")
+                    for value in ("yesterday", "2026-01-01T00:00:00", NUL)
+                ],
+                c(
+                    verb,
+                    "s1",
+                    "--kind",
+                    "noop",
+                    "--cron",
+                    "@daily",
+                    "--zone",
+                    "UTC",
+                    "--starts",
+                    "2026-02-01T00:00:00Z",
+                    "--ends",
+                    "2026-01-01T00:00:00Z",
+                    names="ends_at",
+                ),
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC", "--jitter", value, names="--jitter")
+                    for value in ("-1", "nan", HUGE)
+                ],
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC", "--catch-up", value, names="catch_up")
+                    for value in ("sometimes", NUL)
+                ],
+                c(
+                    verb,
+                    "s1",
+                    "--kind",
+                    "noop",
+                    "--cron",
+                    "@daily",
+                    "--zone",
+                    "UTC",
+                    "--catch-up",
+                    "all_within",
+                    names="catch_up_window_seconds",
+                ),
+                *[
+                    c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC", flag, "0", names=flag)
+                    for flag in ("--window", "--max")
+                ],
+                c(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC", "--overlap", "sometimes", names="overlap"),
+                c(
+                    verb,
+                    "s1",
+                    "--kind",
+                    "noop",
+                    "--cron",
+                    "@daily",
+                    "--zone",
+                    "UTC",
+                    "--pause-on-failures",
+                    "-1",
+                    names="--pause-on-failures",
+                ),
+                *actor_cases(verb, "s1", "--kind", "noop", "--cron", "@daily", "--zone", "UTC"),
+            )
+        ],
+        c("update", "nope", "--cron", "@daily", names="schedule"),
+        c("pause", "nope", "--reason", "r", names="schedule"),
+        c("pause", "nope", names="--reason"),
+        c("pause", NUL, "--reason", "r", names="name"),
+        c("resume", NUL, names="name"),
+        c("backfill", NUL, "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z", names="name"),
+        *[c("pause", "nope", "--reason", value, names="--reason") for value in (NUL, "r" * 501)],
+        *actor_cases("pause", "nope", "--reason", "r"),
+        c("resume", "nope", names="schedule"),
+        c("resume", "nope", "--dry-run", names="schedule"),
+        c("resume", "nope", "--dry-run=yes", names="--dry-run"),
+        *actor_cases("resume", "nope"),
+        c("run-now", "nope", names="schedule"),
+        c("run-now", names="name"),
+        *actor_cases("run-now", "nope"),
+        c("backfill", "nope", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z", "--dry-run", names="schedule"),
+        c("backfill", "nope", "--to", "2026-01-02T00:00:00Z", names="--from"),
+        c("backfill", "nope", "--from", "2026-01-01T00:00:00Z", names="--to"),
+        *[
+            c("backfill", "nope", "--from", value, "--to", "2026-01-02T00:00:00Z", names="--from")
+            for value in ("yesterday", "2026-01-01", NUL)
+        ],
+        *[c("backfill", "nope", "--from", "2026-01-01T00:00:00Z", "--to", value, names="--to") for value in ("tomorrow", NUL)],
+        c("backfill", "nope", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z", "--dry-run=1", names="--dry-run"),
+        *actor_cases("backfill", "nope", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"),
     ],
     "koala_reviews": [
         c(names="action"),
@@ -514,6 +639,8 @@ def seeds(
     run_until(parked.job_id, "parked")
     review = ReviewRequest.objects.get(job_id=parked.job_id, state="pending").pk
     budgets.create_budget(name="b1", scope="global", actor="setup")
+    # koala_schedule update's cases change this one (and must not).
+    schedule_services.create_schedule(name="s1", actor="setup", kind="noop", cron="@daily", zone="UTC")
     budgets.set_model_price(model="m-small", input_minor_per_mtok=300, output_minor_per_mtok=1500, actor="setup")
     pause = pauses.pause(scope="queue", target="bulk", reason="held for the resume cases", actor="setup").pk
     User.objects.create_user("inactive", password="x", is_active=False)
