@@ -72,3 +72,29 @@ def test_three_beats_one_job_per_slot_then_one_killed(processes, tmp_path: Path)
     # The replicas shared the work (SKIP LOCKED): more than one of them materialised slots.
     sharing = [log for log in tmp_path.glob("beat-*.log") if "beat: schedules enqueued=" in log.read_text()]
     assert len(sharing) >= 2, processes.logs()
+
+
+def test_a_three_second_body_on_a_one_second_schedule_never_overlaps_with_skip(processes) -> None:  # type: ignore[no-untyped-def]
+    from workers.models import Attempt
+
+    schedule = services.create_schedule(
+        name="slow-body", actor="test", kind="sleep", input={"seconds": 3}, interval_seconds=1, zone="UTC", overlap="skip"
+    )
+    processes.beat()
+    processes.beat()
+    processes.worker()
+    processes.worker()  # a second worker would run an overlapping job at once if one were enqueued
+    wait_for(
+        lambda: Job.objects.filter(correlation_id=f"schedule:{schedule.pk}", state="succeeded").count() >= 3,
+        timeout=60,
+        what="three runs of the slow body",
+    )
+    services.pause_schedule(schedule_id=schedule.pk, actor="test", reason="enough")
+    attempts = list(
+        Attempt.objects.filter(job__correlation_id=f"schedule:{schedule.pk}", finished_at__isnull=False).order_by("started_at")
+    )
+    assert len(attempts) >= 3
+    for earlier, later in pairwise(attempts):
+        assert earlier.finished_at is not None and earlier.finished_at <= later.started_at, "two runs overlapped"
+    skipped = Occurrence.objects.filter(schedule=schedule, state="skipped", reason="overlap").count()
+    assert skipped >= 2 * (len(attempts) - 1), skipped  # about two slots skipped per 3-second run
