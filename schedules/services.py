@@ -101,6 +101,7 @@ def idempotency_key(*, schedule_id: int, slot: datetime, manual: bool = False) -
 class Due:
     slots: list[datetime]
     truncated: bool
+    newest: datetime | None  # the newest due slot, with or without a row: the last slot decided moves past it
 
 
 def due_slots(schedule: Schedule, *, now: datetime, exclude: Iterable[datetime] = ()) -> Due:
@@ -116,7 +117,11 @@ def due_slots(schedule: Schedule, *, now: datetime, exclude: Iterable[datetime] 
         newest.append(slot)
         walked += 1
     taken = set(exclude)
-    return Due(slots=[slot for slot in newest if slot not in taken], truncated=walked > decide_mod.MAX_SLOTS)
+    return Due(
+        slots=[slot for slot in newest if slot not in taken],
+        truncated=walked > decide_mod.MAX_SLOTS,
+        newest=newest[-1] if newest else None,
+    )
 
 
 def _recent_jobs(schedule: Schedule, count: int) -> list[tuple[Occurrence, str | None]]:
@@ -147,7 +152,8 @@ def plan(schedule: Schedule, *, now: datetime) -> tuple[Decision, bool, bool]:
         policy=policy_of(schedule),
         active=active,
         buffered=buffered,
-        last_slot=schedule.last_slot_at,
+        # A due slot a backfill already ran is decided too: the last slot moves past it.
+        last_slot=max(filter(None, [schedule.last_slot_at, due.newest]), default=None),
         truncated=due.truncated,
     )
     return decision, active, buffered

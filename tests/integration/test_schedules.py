@@ -291,3 +291,22 @@ def test_backfill_is_previewed_bounded_and_runs_only_slots_that_never_ran() -> N
         services.backfill(schedule_id=schedule.pk, actor="ops", start=T0 - timedelta(days=1), end=T0, dry_run=True, now=T0)
     with pytest.raises(ScheduleError, match="past slots only"):
         services.backfill(schedule_id=schedule.pk, actor="ops", start=T0, end=T0 + timedelta(hours=1), dry_run=True, now=T0)
+
+
+def test_slots_a_backfill_ran_ahead_of_the_materialiser_are_decided_once_and_passed() -> None:
+    schedule = make(overlap="allow")
+    services.pause_schedule(schedule_id=schedule.pk, actor="ops", reason="backfill first", now=T0)
+    services.backfill(
+        schedule_id=schedule.pk,
+        actor="ops",
+        start=T0,
+        end=T0 + timedelta(minutes=3),
+        dry_run=False,
+        now=T0 + timedelta(minutes=3),
+    )
+    services.resume_schedule(schedule_id=schedule.pk, actor="ops", now=T0 + timedelta(minutes=3))
+    services.materialise(now=T0 + timedelta(minutes=3, seconds=5))
+    schedule.refresh_from_db()
+    assert schedule.last_slot_at == T0 + timedelta(minutes=3) and schedule.next_slot_at == T0 + timedelta(minutes=4)
+    assert [state for state, _ in rows(schedule).values()] == ["backfill"] * 4  # T0 is a slot of the rule too
+    assert services.materialise(now=T0 + timedelta(minutes=3, seconds=10)).schedules == 0, "nothing due: not picked again"
