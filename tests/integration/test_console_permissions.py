@@ -64,6 +64,7 @@ def view_pages(w: World) -> list[str]:
         f"/admin/console/budgets/{w.budget}/",
         "/admin/console/reviews/",
         f"/admin/console/reviews/{w.review}/",
+        "/admin/console/schedules/",
     ]
 
 
