@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from koala.audit import AuditAction, record_audit
 from schedules import decide as decide_mod
-from schedules.decide import CatchUp, Decision, Overlap, Policy, Reason
+from schedules.decide import CatchUp, Decision, Overlap, Policy
 from schedules.errors import ScheduleError
 from schedules.models import Occurrence, OccurrenceState, Schedule
 from schedules.timing import Timing, TimingError, check
@@ -362,23 +363,22 @@ def create_schedule(*, name: str, actor: str, now: datetime | None = None, **val
     """A new schedule, its first slot strictly after ``now`` (its start, if later)."""
     now = now or timezone.now()
     data = validated(values)
-    if not name or Schedule._meta.get_field("name").max_length < len(name):  # type: ignore[operator]
-        raise ScheduleError("a schedule needs a name of 1-100 characters.")
     with transaction.atomic():
         schedule = Schedule(name=name, created_by=actor, anchor_at=data.get("starts_at") or now, **data)
-        schedule.last_slot_at = None
-        schedule.next_slot_at = timing_of(schedule).next_after(now - timedelta(microseconds=1))
-        # Slots before now were never wanted: the schedule's history starts at its creation.
-        schedule.last_slot_at = now if schedule.starts_at is None or schedule.starts_at <= now else None
-        if schedule.last_slot_at is not None:
+        if schedule.starts_at is None or schedule.starts_at <= now:
+            # Slots before now were never wanted: the schedule's history starts at its creation.
+            schedule.last_slot_at = now
             schedule.next_slot_at = timing_of(schedule).next_after(now)
+        else:  # its first slot may be its start itself
+            schedule.next_slot_at = timing_of(schedule).next_after(schedule.starts_at - timedelta(microseconds=1))
         try:
+            # The name (a slug, unique) and the columns' bounds; the rules were checked above.
             schedule.full_clean(exclude=["input", "anchor_at", "last_slot_at", "next_slot_at"])
             schedule.save()
-        except IntegrityError:
+        except ValidationError as exc:
+            raise ScheduleError(" ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items())) from None
+        except IntegrityError:  # a concurrent create of the same name won
             raise ScheduleError(f"a schedule named {name!r} already exists.") from None
-        except Exception as exc:  # ValidationError: a field out of its column's bounds
-            raise ScheduleError(str(exc)) from None
         record_audit(
             actor=actor,
             action=AuditAction.SCHEDULE_CREATE,
@@ -407,8 +407,8 @@ def update_schedule(*, schedule_id: int, actor: str, now: datetime | None = None
             schedule.next_slot_at = timing_of(schedule).next_after(schedule.last_slot_at)
         try:
             schedule.full_clean(exclude=["name", "input", "anchor_at", "last_slot_at", "next_slot_at"])
-        except Exception as exc:
-            raise ScheduleError(str(exc)) from None
+        except ValidationError as exc:
+            raise ScheduleError(" ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items())) from None
         schedule.save()
         record_audit(
             actor=actor,
@@ -586,16 +586,3 @@ def _plain(value: Any) -> Any:
 
 def _describe(schedule: Schedule) -> dict[str, Any]:
     return {name: _plain(getattr(schedule, name)) for name in FIELDS if name != "input"}
-
-
-__all__ = [
-    "Reason",
-    "backfill",
-    "beat_tick",
-    "create_schedule",
-    "materialise",
-    "pause_schedule",
-    "resume_schedule",
-    "run_now",
-    "update_schedule",
-]
