@@ -68,7 +68,7 @@ from workers.services.pauses import pause, resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-KOALA_APPS = ("workers", "exports", "reviews", "koala", "console", "api", "flows", "traces")
+KOALA_APPS = ("workers", "exports", "reviews", "koala", "console", "api", "flows", "traces", "schedules")
 CAP_PER_VIEW = 3
 ALLOWED = {200, 302, 403, 404}
 SKIPPED_PREFIXES = ("/static/", "/admin/logout/")

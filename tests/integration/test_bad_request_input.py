@@ -45,7 +45,7 @@ def _filter_params(model_admin: admin.ModelAdmin) -> list[str]:
 def admin_list_urls() -> list[str]:
     urls = []
     for model, model_admin in admin.site._registry.items():
-        if model._meta.app_label not in {"workers", "exports", "reviews", "koala", "auth"}:
+        if model._meta.app_label not in {"workers", "exports", "reviews", "koala", "auth", "schedules"}:
             continue
         base = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
         urls += [f"{base}?{param}=%00" for param in _filter_params(model_admin)]

@@ -63,7 +63,7 @@ def test_a_failing_beat_task_never_keeps_dispatch_from_ringing_due_jobs(redis_cl
     assert dispatched.last_succeeded_at is not None and dispatched.consecutive_failures == 0
     # The tasks after the broken one ran too (apps registered after it, the engine's steps).
     ran = set(BeatTask.objects.values_list("name", flat=True))
-    assert {"reap", "pauses", "budgets", "breakers", "reviews", "exports", "traces", "flows", "dispatch"} <= ran
+    assert {"reap", "pauses", "budgets", "breakers", "reviews", "exports", "traces", "flows", "schedules", "dispatch"} <= ran
 
     # Retried next tick, and counted again.
     with pytest.raises(CommandError):
