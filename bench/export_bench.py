@@ -303,7 +303,7 @@ class Timer:
 
 
 def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
-    """exports.streaming.CopyReader: one COPY, libpq rows, the collector paused (what the job uses)."""
+    """exports.streaming.CopyReader: one COPY, each libpq row appended to the batch's bytearray (what the job uses)."""
     from exports.sql import copy_sql, select_sql
     from exports.streaming import CopyReader
 
@@ -316,6 +316,66 @@ def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
                 hasher.update(chunk.data)
                 handle.write(chunk.data)
                 rows += chunk.rows
+    return rows
+
+
+def approach_row_views(account_id: int, out: Path, batch: int) -> int:
+    """The same libpq loop as exports.streaming had it before: each row's memoryview kept in a list,
+    joined per batch, the collector paused (the views are GC-tracked objects)."""
+    import select as select_module
+
+    import psycopg
+    from psycopg import pq
+
+    from exports.sql import copy_sql, select_sql
+    from exports.streaming import connection_params
+
+    select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
+    rows = -1  # the header line
+    hasher = hashlib.sha256()
+    with psycopg.connect(**connection_params(), autocommit=True) as conn, open(out, "wb") as handle:
+        with psycopg.ClientCursor(conn) as cursor:
+            query = cursor.mogrify(copy_sql(select), params)
+        pgconn = conn.pgconn
+        pgconn.nonblocking = 1
+        pgconn.send_query(query.encode())
+        while pgconn.flush():
+            select_module.select([], [pgconn.socket], [])
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            select_module.select([pgconn.socket], [], [])
+        result = pgconn.get_result()
+        assert result is not None and result.status == pq.ExecStatus.COPY_OUT
+        buffer: list[memoryview] = []
+        gc.disable()
+        try:
+            while True:
+                nbytes, data = pgconn.get_copy_data(1)
+                if nbytes > 0:
+                    buffer.append(data)
+                    if len(buffer) >= batch:
+                        chunk = b"".join(buffer)
+                        hasher.update(chunk)
+                        handle.write(chunk)
+                        rows += len(buffer)
+                        buffer.clear()
+                    continue
+                if nbytes == 0:
+                    select_module.select([pgconn.socket], [], [])
+                    pgconn.consume_input()
+                    continue
+                break
+        finally:
+            gc.enable()
+        chunk = b"".join(buffer)
+        hasher.update(chunk)
+        handle.write(chunk)
+        rows += len(buffer)
+        while pgconn.get_result() is not None:
+            pass
+        pgconn.nonblocking = 0
     return rows
 
 
@@ -461,7 +521,8 @@ def approach_keyset_select_csv(account_id: int, out: Path, batch: int) -> int:
 
 
 APPROACHES: list[tuple[str, Callable[[int, Path, int], int], bool]] = [
-    ("single COPY, libpq rows (exports.streaming; kept)", approach_lowlevel_copy, True),
+    ("single COPY, libpq rows into a bytearray (exports.streaming; kept)", approach_lowlevel_copy, True),
+    ("single COPY, libpq row views joined per batch (before)", approach_row_views, True),
     ("single COPY, psycopg cursor.copy() iterator", approach_psycopg_copy, True),
     ("single COPY, cursor.copy(), collector paused", approach_psycopg_copy_nogc, True),
     ("keyset-bounded COPY per batch (libpq rows)", approach_keyset_copy, True),
