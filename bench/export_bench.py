@@ -13,6 +13,10 @@ explains the columns). For each size it exports one account holding exactly that
   runs the export job; its time is the attempt's, from claim to recorded completion
   (streaming, hashing, fsync, the ledger's publish, the fenced completion). Its peak RSS is
   the worker's VmHWM after the export. The export's checksum must equal the baseline file's.
+- **request → published**: what a person waits, from just before ``request_export()`` to the
+  export's recorded success (its ``finished_at``, written by the fenced completion): the
+  request's transaction, the doorbell and the claim, the attempt up to the export row's write.
+  Its ratio to **psql \\copy** of the same query, in the same run, is the exports target.
 
 ``--approaches`` also compares ways of streaming the same rows in this process (docs/exports.md).
 
@@ -40,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +154,9 @@ class Run:
     rss_idle: int = 0
     split: tuple[float, float, float] = (0.0, 0.0, 0.0)
     sha256: str = ""
+    requested: float = 0.0  # request → published, seconds
+    claimed: float = 0.0  # request → claim (the attempt's start), seconds
+    request_call: float = 0.0  # request_export() itself (its transaction and the doorbell), seconds
 
 
 def sha256_file(path: Path) -> str:
@@ -228,20 +235,25 @@ def start_worker(storage: Path, batch_rows: int | None, logdir: Path, name: str)
     return proc
 
 
-def export_once(account: Any) -> Any:
+def export_once(account: Any) -> tuple[Any, datetime, float]:
+    """Request an export of the account's year and wait until it ends: the export, when it was
+    requested and how long request_export() took."""
     from django.contrib.auth.models import User
 
     from exports.models import ExportState
     from exports.services import request_export
 
-    export = request_export(user=User.objects.get(username="bench"), account_id=account.pk, date_from=YEAR[0], date_to=YEAR[1])
+    user = User.objects.get(username="bench")
+    requested_at = datetime.now(UTC)  # the worker's timestamps come from the same host clock
+    export = request_export(user=user, account_id=account.pk, date_from=YEAR[0], date_to=YEAR[1])
+    request_call = (datetime.now(UTC) - requested_at).total_seconds()
     deadline = time.monotonic() + 600
     while not export.is_terminal and time.monotonic() < deadline:
         time.sleep(0.05)
         export.refresh_from_db()
     if export.state != ExportState.SUCCEEDED:
         sys.exit(f"export {export.pk} ended {export.state}: {export.failure_code} {export.error_message}")
-    return export
+    return export, requested_at, request_call
 
 
 def run_export(account: Any, warmup: Any, storage: Path, batch_rows: int | None, logdir: Path, n: int) -> Run:
@@ -251,9 +263,9 @@ def run_export(account: Any, warmup: Any, storage: Path, batch_rows: int | None,
     try:
         # A long-lived worker has run exports before: pay the first-use costs (ORM query
         # compilation, adapters) outside the measurement, with a 1,000-row export.
-        (storage / export_once(warmup).output_key).unlink()
+        (storage / export_once(warmup)[0].output_key).unlink()
         idle = vm_hwm(proc.pid)
-        export = export_once(account)
+        export, requested_at, request_call = export_once(account)
         peak = vm_hwm(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -264,6 +276,7 @@ def run_export(account: Any, warmup: Any, storage: Path, batch_rows: int | None,
     attempt = Attempt.objects.filter(job_id=export.job_id, outcome="succeeded").get()
     assert attempt.finished_at is not None
     seconds = (attempt.finished_at - attempt.started_at).total_seconds()
+    assert export.finished_at is not None
     (storage / export.output_key).unlink()  # the record stays; the disk does not fill up
     return Run(
         seconds=seconds,
@@ -273,6 +286,9 @@ def run_export(account: Any, warmup: Any, storage: Path, batch_rows: int | None,
         rss_idle=idle,
         split=(export.compute_seconds or 0.0, export.db_wait_seconds or 0.0, export.storage_wait_seconds or 0.0),
         sha256=export.checksum,
+        requested=(export.finished_at - requested_at).total_seconds(),
+        claimed=(attempt.started_at - requested_at).total_seconds(),
+        request_call=request_call,
     )
 
 
@@ -291,7 +307,7 @@ class Timer:
 
 
 def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
-    """exports.streaming.CopyReader: one COPY, libpq rows, the collector paused (what the job uses)."""
+    """exports.streaming.CopyReader: one COPY, each libpq row appended to the batch's bytearray (what the job uses)."""
     from exports.sql import copy_sql, select_sql
     from exports.streaming import CopyReader
 
@@ -304,6 +320,66 @@ def approach_lowlevel_copy(account_id: int, out: Path, batch: int) -> int:
                 hasher.update(chunk.data)
                 handle.write(chunk.data)
                 rows += chunk.rows
+    return rows
+
+
+def approach_row_views(account_id: int, out: Path, batch: int) -> int:
+    """The same libpq loop as exports.streaming had it before: each row's memoryview kept in a list,
+    joined per batch, the collector paused (the views are GC-tracked objects)."""
+    import select as select_module
+
+    import psycopg
+    from psycopg import pq
+
+    from exports.sql import copy_sql, select_sql
+    from exports.streaming import connection_params
+
+    select, params = select_sql(account_id=account_id, date_from=YEAR[0], date_to=YEAR[1])
+    rows = -1  # the header line
+    hasher = hashlib.sha256()
+    with psycopg.connect(**connection_params(), autocommit=True) as conn, open(out, "wb") as handle:
+        with psycopg.ClientCursor(conn) as cursor:
+            query = cursor.mogrify(copy_sql(select), params)
+        pgconn = conn.pgconn
+        pgconn.nonblocking = 1
+        pgconn.send_query(query.encode())
+        while pgconn.flush():
+            select_module.select([], [pgconn.socket], [])
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            select_module.select([pgconn.socket], [], [])
+        result = pgconn.get_result()
+        assert result is not None and result.status == pq.ExecStatus.COPY_OUT
+        buffer: list[memoryview] = []
+        gc.disable()
+        try:
+            while True:
+                nbytes, data = pgconn.get_copy_data(1)
+                if nbytes > 0:
+                    buffer.append(data)
+                    if len(buffer) >= batch:
+                        chunk = b"".join(buffer)
+                        hasher.update(chunk)
+                        handle.write(chunk)
+                        rows += len(buffer)
+                        buffer.clear()
+                    continue
+                if nbytes == 0:
+                    select_module.select([pgconn.socket], [], [])
+                    pgconn.consume_input()
+                    continue
+                break
+        finally:
+            gc.enable()
+        chunk = b"".join(buffer)
+        hasher.update(chunk)
+        handle.write(chunk)
+        rows += len(buffer)
+        while pgconn.get_result() is not None:
+            pass
+        pgconn.nonblocking = 0
     return rows
 
 
@@ -449,7 +525,8 @@ def approach_keyset_select_csv(account_id: int, out: Path, batch: int) -> int:
 
 
 APPROACHES: list[tuple[str, Callable[[int, Path, int], int], bool]] = [
-    ("single COPY, libpq rows (exports.streaming; kept)", approach_lowlevel_copy, True),
+    ("single COPY, libpq rows into a bytearray (exports.streaming; kept)", approach_lowlevel_copy, True),
+    ("single COPY, libpq row views joined per batch (before)", approach_row_views, True),
     ("single COPY, psycopg cursor.copy() iterator", approach_psycopg_copy, True),
     ("single COPY, cursor.copy(), collector paused", approach_psycopg_copy_nogc, True),
     ("keyset-bounded COPY per batch (libpq rows)", approach_keyset_copy, True),
@@ -565,7 +642,8 @@ def main() -> None:
                 print(
                     f"  {size:>9,} rows, run {n + 1}: copy {runs['copy'][-1].seconds:.2f}s"
                     + (f", psql {psql.seconds:.2f}s" if psql else "")
-                    + f", export {runs['export'][-1].seconds:.2f}s",
+                    + f", export {runs['export'][-1].seconds:.2f}s"
+                    + f", request → published {runs['export'][-1].requested:.3f}s",
                     file=sys.stderr,
                 )
             digests = {r.sha256 for kind in runs.values() for r in kind}
@@ -601,6 +679,12 @@ def table(results: dict[int, dict[str, list[Run]]]) -> str:
     head += " export s | export rows/s | export MB/s | export / COPY | compute / db / storage s |"
     head += " worker peak RSS MiB | RSS growth vs first MiB |"
     rule += "---:|---:|---:|---:|---|---:|---:|"
+    # What a person waits, against what psql \copy of the same query takes in the same run.
+    head += " request → published s (min-max) | request → claim ms | of which request_export() ms |"
+    rule += "---:|---:|---:|"
+    if has_psql:
+        head += " psql \\copy / request → published |"
+        rule += "---:|"
     lines = [head, rule]
     first_peak: float | None = None
     for size, runs in results.items():
@@ -617,6 +701,14 @@ def table(results: dict[int, dict[str, list[Run]]]) -> str:
             f" {export:.2f} | {size / export:,.0f} | {mb / export:.1f} | {copy / export:.0%} |"
             f" {split[0]:.2f} / {split[1]:.2f} / {split[2]:.2f} | {peak:.1f} | {peak - first_peak:+.1f} |"
         )
+        requested = [r.requested for r in runs["export"]]
+        published = statistics.median(requested)
+        row += f" {published:.3f} ({min(requested):.3f}-{max(requested):.3f}) |"
+        row += f" {statistics.median(r.claimed for r in runs['export']) * 1000:.1f} |"
+        row += f" {statistics.median(r.request_call for r in runs['export']) * 1000:.1f} |"
+        if has_psql:
+            psql = statistics.median(r.seconds for r in runs["psql"]) if runs["psql"] else None
+            row += f" {psql / published:.2f}x |" if psql else " - |"
         lines.append(row)
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ from exports.models import Export, ExportFormat, ExportState
 from exports.services import can_access_account, job_key_for
 from exports.signals import export_batch, export_phase
 from exports.storage import Digest, ExportStore, ObjectExists, output_key_for, temp_key_for
-from exports.streaming import CopyReader, StreamError
+from exports.streaming import Connector, CopyReader, StreamError
 from koala.redaction import redact_text
 from workers import (
     ABSENT,
@@ -87,6 +87,7 @@ class ExportAttempt:
         self.started = time.monotonic()
         self.waits_before = dict(ctx.waits)
         self.own_temp: str | None = None  # written by this attempt and not yet handed to the export row
+        self.connector: Connector | None = None  # the stream's connection, opening while the attempt checks and fences
         self.publish_key = f"{job_key_for(export_id)}:publish"
 
     # -- the attempt ------------------------------------------------------------------------
@@ -98,6 +99,12 @@ class ExportAttempt:
         if export.is_terminal:
             raise TerminalFailure(f"export {export.pk} is already {export.state}", code=f"export_{export.state}")
         try:
+            if not export.staged_key:  # it will stream (unless the checks below end it: then it is closed unused)
+                self.connector = Connector(
+                    session=SESSION,
+                    statement_timeout_seconds=export.time_limit_seconds - (time.monotonic() - self.started),
+                    application_name=f"koala-export-{export.pk}",
+                )
             self._authorize(export)
             self._fenced(state=ExportState.RUNNING, attempts=F("attempts") + 1, started_at=Coalesce("started_at", Now()))
             staged = self._resume(export)
@@ -140,6 +147,8 @@ class ExportAttempt:
                 raise transient from exc
             raise
         finally:
+            if self.connector is not None:
+                self.connector.close()  # unless the stream took it
             if self.own_temp is not None:
                 self._quietly_delete(self.own_temp)
 
@@ -212,9 +221,7 @@ class ExportAttempt:
                 params=params,
                 batch_rows=settings.KOALA_EXPORT_BATCH_ROWS,
                 waiting=self.ctx.waiting,
-                statement_timeout_seconds=remaining,
-                session=SESSION,
-                application_name=f"koala-export-{export.pk}",
+                **self._connection(export, remaining),
             ) as reader:
                 for batch in reader.batches():
                     hasher.update(batch.data)
@@ -242,6 +249,12 @@ class ExportAttempt:
             if not out.closed:
                 out.close()
         return Staged(key=key, sha256=hasher.hexdigest(), bytes=size, rows=rows)
+
+    def _connection(self, export: Export, remaining: float) -> dict[str, Any]:
+        """CopyReader's connection arguments: the connector's (opened ahead), else a new connection's."""
+        if self.connector is not None:
+            return {"connector": self.connector}
+        return {"statement_timeout_seconds": remaining, "session": SESSION, "application_name": f"koala-export-{export.pk}"}
 
     def _check_limits(self, export: Export, *, rows: int, size: int) -> None:
         if rows > export.max_rows:

@@ -6,17 +6,20 @@ boundaries are row counts: after every ``batch_rows`` rows the caller hashes and
 batch, heartbeats, and checks cancellation and limits. Memory stays at one batch.
 
 Why psycopg's low-level ``pq`` API rather than ``cursor.copy()``: the high-level iterator
-cost about 1.3 µs of Python per row (its generator machinery, and garbage collection, see
-below), which made the client, not the database, the bottleneck (docs/exports.md has the
-measurements). Here a row costs one C call and a list
-append; the connection is non-blocking and we wait in ``select()``, which releases the GIL
-(so the heartbeat thread keeps running) and is exactly the "database wait" of the timing split.
+cost about 1.3 µs of Python per row (its generator machinery, and garbage collection over the
+row objects a batch kept alive), which made the client, not the database, the bottleneck
+(docs/exports.md has the measurements). Here a row costs one C call and one append of its
+bytes to the batch's ``bytearray``: libpq's copy of the row is freed at once, so a batch holds
+one buffer, not tens of thousands of row objects (collecting or freeing those later cost about
+as much as reading them). The connection is non-blocking and we wait in ``select()``, which
+releases the GIL (so the heartbeat thread keeps running) and is exactly the "database wait" of
+the timing split.
 """
 
 from __future__ import annotations
 
-import gc
 import select
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ Waiting = Callable[[str], AbstractContextManager[None]]
 
 @dataclass(frozen=True)
 class Batch:
-    data: bytes
+    data: bytearray  # the caller's to keep: the reader starts a new buffer for the next batch
     rows: int  # data rows in this batch (the CSV header line is not a row)
 
 
@@ -62,6 +65,8 @@ class CopyReader:
     ``session`` holds settings for the connection (time zone, date style: the output's format).
     ``connection``: run on this one (its session and transaction) instead of a new one; the
     caller keeps it open and owns it (used to compare keyset batches in one snapshot).
+    ``connector``: run on the dedicated connection it opened ahead (Connector); the reader owns
+    it from then on. Its session, application name and timeout are the connector's.
     """
 
     def __init__(
@@ -76,9 +81,12 @@ class CopyReader:
         session: dict[str, str] | None = None,
         application_name: str = "koala-export",
         connection: psycopg.Connection[Any] | None = None,
+        connector: Connector | None = None,
     ) -> None:
         if batch_rows < 1:
             raise ValueError("batch_rows must be at least 1")
+        if connector is not None and (connection is not None or statement_timeout_seconds is not None or session):
+            raise ValueError("a connector's connection has its own session and timeout")
         self._statement = statement
         self._params = params
         self._batch_rows = batch_rows
@@ -89,12 +97,19 @@ class CopyReader:
         self._application_name = application_name
         self._conn: psycopg.Connection[Any] | None = None
         self._borrowed = connection
+        self._connector = connector
         self._finished = False
-        self._collector_paused = False
 
     def __enter__(self) -> CopyReader:
         with self._waiting("db"):
-            self._conn = conn = self._borrowed or self._connect()
+            if self._borrowed is not None:
+                self._conn = conn = self._borrowed
+            elif self._connector is not None:
+                self._conn = conn = self._connector.take()
+            else:
+                self._conn = conn = dedicated_connection(
+                    session=self._session, statement_timeout_seconds=self._timeout, application_name=self._application_name
+                )
             try:
                 with psycopg.ClientCursor(conn) as cursor:
                     # COPY takes no bind parameters: values are quoted client-side by psycopg.
@@ -114,23 +129,10 @@ class CopyReader:
                 raise
         return self
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        # Read-only by construction; the server stops the statement at the time limit even if it
-        # stalls before the first row (a batch boundary would never come). Sent as startup
-        # options: no extra round trip per setting.
-        settings = {"default_transaction_read_only": "on", **self._session}
-        if self._timeout is not None:
-            settings["statement_timeout"] = f"{max(int(self._timeout * 1000), 1)}ms"
-        params = connection_params()
-        options = [params.get("options", "")] + [f"-c {name}={_escape(value)}" for name, value in settings.items()]
-        params.update(application_name=self._application_name, options=" ".join(o for o in options if o))
-        return psycopg.connect(**params, autocommit=True)
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        self._resume_collector()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -163,17 +165,17 @@ class CopyReader:
         size = self._batch_rows
         skip = 1 if self._header else 0
         limit = size + skip
-        buffer: list[memoryview] = []
-        append = buffer.append
-        self._pause_collector()
+        buffer = bytearray()
+        lines = 0
         while True:
             nbytes, data = get(1)
-            if nbytes > 0:  # the hot path: one row, no other work
-                append(data)
-                if len(buffer) >= limit:
-                    yield Batch(data=b"".join(buffer), rows=len(buffer) - skip)
-                    buffer.clear()
-                    skip, limit = 0, size
+            if nbytes > 0:  # the hot path: copy the row's bytes and let libpq's buffer go at once
+                buffer += data
+                lines += 1
+                if lines >= limit:
+                    yield Batch(data=buffer, rows=lines - skip)
+                    buffer = bytearray()  # the batch's bytes are the caller's to keep
+                    lines, skip, limit = 0, 0, size
                 continue
             if nbytes == 0:  # nothing buffered: wait for the server
                 with self._waiting("db"):
@@ -181,7 +183,6 @@ class CopyReader:
                     pgconn.consume_input()
                 continue
             break  # -1: the COPY is complete; -2: an error, reported by the final result
-        self._resume_collector()
         with self._waiting("db"):
             self._await_result()
             result = pgconn.get_result()
@@ -190,24 +191,73 @@ class CopyReader:
         if result is None or result.status != pq.ExecStatus.COMMAND_OK:
             raise _error(result, pgconn)
         self._finished = True
-        if buffer:  # the last, shorter batch (or the header alone: an empty export)
-            yield Batch(data=b"".join(buffer), rows=len(buffer) - skip)
+        if lines:  # the last, shorter batch (or the header alone: an empty export)
+            yield Batch(data=buffer, rows=lines - skip)
 
-    # A batch holds tens of thousands of row views, each a GC-tracked object. With the cyclic
-    # collector on, they trigger full collections over the whole worker heap (Django and all)
-    # many times per million rows (about half the read time, docs/exports.md). The read loop
-    # creates no reference cycles (nor does the export's per-batch work, which runs while the
-    # generator is suspended), so the collector is paused while the COPY is read and resumed
-    # when it ends or the reader is closed, whichever comes first.
-    def _pause_collector(self) -> None:
-        if gc.isenabled():
-            gc.disable()
-            self._collector_paused = True
 
-    def _resume_collector(self) -> None:
-        if self._collector_paused:
-            self._collector_paused = False
-            gc.enable()
+def dedicated_connection(
+    *, session: dict[str, str], statement_timeout_seconds: float | None, application_name: str
+) -> psycopg.Connection[Any]:
+    """A new autocommit connection of the reader's own, to Django's default database."""
+    return psycopg.connect(**_dedicated_params(session, statement_timeout_seconds, application_name), autocommit=True)
+
+
+def _dedicated_params(session: dict[str, str], timeout: float | None, application_name: str) -> dict[str, Any]:
+    # Read-only by construction; the server stops the statement at the time limit even if it
+    # stalls before the first row (a batch boundary would never come). Sent as startup
+    # options: no extra round trip per setting.
+    settings = {"default_transaction_read_only": "on", **session}
+    if timeout is not None:
+        settings["statement_timeout"] = f"{max(int(timeout * 1000), 1)}ms"
+    params = connection_params()
+    options = [params.get("options", "")] + [f"-c {name}={_escape(value)}" for name, value in settings.items()]
+    params.update(application_name=application_name, options=" ".join(o for o in options if o))
+    return params
+
+
+class Connector:
+    """Opens a reader's dedicated connection on a thread of its own, ahead of the COPY.
+
+    A new session costs several milliseconds (TCP, the server starting a backend,
+    authentication) of waiting for nothing but the server; started early, it overlaps the
+    caller's other work before the COPY (an export's checks and fenced writes) instead of
+    adding to it. The thread only waits in libpq (psycopg releases the GIL there).
+    ``statement_timeout_seconds`` starts counting when the COPY starts, so the caller gives
+    what remains at the connector's start: the server's stop can only come later than the
+    caller's own limit, by the time between the two, never earlier.
+    ``take()`` hands the connection over (or raises what opening it raised); ``close()``
+    closes a connection nobody took.
+    """
+
+    def __init__(self, *, session: dict[str, str], statement_timeout_seconds: float | None, application_name: str) -> None:
+        # Django's connection settings are read here, on the caller's thread.
+        self._params = _dedicated_params(dict(session), statement_timeout_seconds, application_name)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, name="koala-export-connect", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> None:
+        try:
+            self._conn = psycopg.connect(**self._params, autocommit=True)
+        except BaseException as exc:  # handed to the caller by take()
+            self._error = exc
+
+    def take(self) -> psycopg.Connection[Any]:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise psycopg.InterfaceError("the connector's connection was already taken")
+        return conn
+
+    def close(self) -> None:
+        self._thread.join()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 def _escape(value: str) -> str:

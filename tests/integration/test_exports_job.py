@@ -3,6 +3,7 @@ limits, classification of errors, the timing split and idempotent re-runs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import date
 from pathlib import Path
@@ -180,6 +181,42 @@ def test_access_revoked_before_the_run_fails_terminally_as_unauthorized(
     assert (done.state, done.failure_code) == (ExportState.FAILED, "unauthorized")
     assert (job.failure_reason, job.error_class, job.attempts) == ("terminal", "TerminalFailure:unauthorized", 1)
     assert published(export_root) == [] and temp_files(export_root) == []
+
+
+def test_a_connection_nobody_took_is_closed_by_the_connector() -> None:
+    from exports.streaming import Connector
+
+    # What an attempt that ends before its stream (a terminal check, a lost lease) relies on.
+    name = f"koala-export-connector-{time.monotonic_ns()}"
+    connector = Connector(session={}, statement_timeout_seconds=None, application_name=name)
+    deadline = time.monotonic() + 10
+    while not database_backends(name) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert database_backends(name), "the connector opened its session"
+    connector.close()
+    deadline = time.monotonic() + 5
+    while database_backends(name) and time.monotonic() < deadline:  # a closed backend leaves shortly after
+        time.sleep(0.02)
+    assert database_backends(name) == [], "closed while the connector is still referenced"
+
+
+def test_a_connection_the_connector_could_not_open_is_raised_where_it_is_taken() -> None:
+    import psycopg
+
+    from exports.streaming import Connector, CopyReader
+
+    def waiting(what: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    # The server refuses the session at start-up (an invalid setting): the opening thread keeps
+    # the error, and the reader raises it as it would have raised its own connect's.
+    connector = Connector(
+        session={"DateStyle": "no such style"}, statement_timeout_seconds=None, application_name="koala-export-test"
+    )
+    with pytest.raises(psycopg.OperationalError, match="DateStyle"):
+        with CopyReader(statement="unused", batch_rows=10, waiting=waiting, connector=connector):
+            pass
+    connector.close()  # nothing to close: a no-op after the error
 
 
 def test_a_format_this_worker_does_not_support_fails_terminally(people: People, export_root: Path, redis_clean: None) -> None:
