@@ -1233,5 +1233,9 @@ PREPARED: dict[str, Prepared] = {
         ("koala_release", RELEASE),
         ("koala_insert_job", insert_jobs(1)),
         ("koala_attempt_spans", INSERT_ATTEMPT_SPANS),
+        ("koala_lease_of_attempt", LEASE_OF_ATTEMPT),
+        ("koala_count_held", COUNT_HELD),
+        ("koala_any_due", ANY_DUE),
     )
 }
+
