@@ -104,7 +104,9 @@ try:
     # How long a reviewer has to decide, and how long an approval stays usable.
     KOALA_REVIEW_TTL_SECONDS = env.number("KOALA_REVIEW_TTL_SECONDS", 86400.0, minimum=1.0)
     KOALA_APPROVAL_TTL_SECONDS = env.number("KOALA_APPROVAL_TTL_SECONDS", 3600.0, minimum=1.0)
-    KOALA_JOB_KIND_MODULES = env.string_list("KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "effects.kinds", "exports.jobs"])
+    KOALA_JOB_KIND_MODULES = env.string_list(
+        "KOALA_JOB_KIND_MODULES", ["workers.builtin_kinds", "effects.kinds", "exports.jobs", "flows.kinds"]
+    )
     if "workers.tasks_backend" not in KOALA_JOB_KIND_MODULES:
         # django.tasks' @task functions run as the "django.task" kind on every worker.
         KOALA_JOB_KIND_MODULES.append("workers.tasks_backend")

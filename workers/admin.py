@@ -15,7 +15,19 @@ from koala import redaction
 from koala.readonly_admin import ReadOnlyAdmin
 from workers import kinds, targets
 from workers.errors import JobStateError, SafetyError
-from workers.models import Attempt, Budget, BudgetUsage, Job, ModelPrice, Operation, Pause, Span, WorkerProcess
+from workers.models import (
+    Attempt,
+    BeatTask,
+    Budget,
+    BudgetUsage,
+    Job,
+    ModelPrice,
+    Operation,
+    Pause,
+    Span,
+    TickLease,
+    WorkerProcess,
+)
 from workers.selectors.jobs import job_for_person, redacted_copy
 from workers.services import budgets as budget_services
 from workers.services.jobs import cancel_job, requeue_job, retry_job
@@ -184,6 +196,22 @@ class SpanAdmin(JobDataAdmin):
 class WorkerProcessAdmin(ReadOnlyAdmin):
     list_display = ["name", "hostname", "pid", "worker_class", "concurrency", "started_at", "last_seen_at", "stopped_at"]
     list_filter = ["hostname", "worker_class"]
+
+
+@admin.register(BeatTask)
+class BeatTaskAdmin(ReadOnlyAdmin):
+    """Each beat step's last tick (written by koala_beat; `koala_beat --status` reads the same rows)."""
+
+    list_display = ["name", "last_succeeded_at", "last_failed_at", "last_error", "consecutive_failures", "failures", "beat"]
+
+
+@admin.register(TickLease)
+class TickLeaseAdmin(ReadOnlyAdmin):
+    """Each timer-started task's lease and last outcome (koala_tick). The token is the holder's
+    fence, of no use to a reader: left off the page."""
+
+    list_display = ["name", "owner", "acquired_at", "expires_at", "released_at", "last_outcome"]
+    exclude = ["token"]
 
 
 @admin.register(Operation)

@@ -1238,4 +1238,3 @@ PREPARED: dict[str, Prepared] = {
         ("koala_any_due", ANY_DUE),
     )
 }
-
