@@ -24,6 +24,7 @@ from workers.services.jobs import enqueue
 def test_a_flow_start_job_starts_one_run_and_its_key_finds_that_run_again(tmp_path: Path) -> None:
     job_id = enqueue(kind="flow.start", input={"workflow": "fan", "input": {"log": str(tmp_path / "log")}}).job_id
     job = drain_until(lambda: Job.objects.filter(pk=job_id, state="succeeded").first(), what="the flow.start job")
+    assert job is not None and isinstance(job.result, dict)
     assert job.result["created"] is True
     run = Run.objects.get(pk=job.result["run_id"])
     assert (run.definition, run.version, run.input) == ("fan", 2, {"log": str(tmp_path / "log")})
@@ -68,7 +69,7 @@ def test_a_schedule_of_flow_start_starts_a_run_at_its_slot(tmp_path: Path) -> No
     )
     schedules.materialise(now=now + timedelta(seconds=1))
     job = Job.objects.get(kind="flow.start")
-    assert job.idempotency_key.startswith(f"schedule:{schedule.pk}:")
+    assert str(job.idempotency_key).startswith(f"schedule:{schedule.pk}:")
     drain_until(lambda: Job.objects.filter(pk=job.pk, state="succeeded").first(), what="the scheduled flow.start job")
     run = Run.objects.get()
     assert (run.definition, run.version) == ("fan", 1)
