@@ -119,6 +119,15 @@ try:
     KOALA_STUCK_AFTER_SECONDS = env.number("KOALA_STUCK_AFTER_SECONDS", 300.0, minimum=1.0)
     KOALA_CRASH_LOOP_STARTS = env.integer("KOALA_CRASH_LOOP_STARTS", 3, minimum=2)
     KOALA_CRASH_LOOP_WINDOW_SECONDS = env.number("KOALA_CRASH_LOOP_WINDOW_SECONDS", 600.0, minimum=10.0)
+    # koala_status's thresholds (docs/operations.md, "Health checks"): past the first a check
+    # warns (exit 1), past the second it is critical (exit 2).
+    KOALA_STATUS_DUE_AGE_WARNING_SECONDS = env.number("KOALA_STATUS_DUE_AGE_WARNING_SECONDS", 300.0, minimum=1.0)
+    KOALA_STATUS_DUE_AGE_CRITICAL_SECONDS = env.number("KOALA_STATUS_DUE_AGE_CRITICAL_SECONDS", 1800.0, minimum=1.0)
+    KOALA_STATUS_NO_COMPLETION_WARNING_SECONDS = env.number("KOALA_STATUS_NO_COMPLETION_WARNING_SECONDS", 900.0, minimum=1.0)
+    KOALA_STATUS_NO_COMPLETION_CRITICAL_SECONDS = env.number("KOALA_STATUS_NO_COMPLETION_CRITICAL_SECONDS", 3600.0, minimum=1.0)
+    KOALA_STATUS_REVIEW_AGE_WARNING_SECONDS = env.number("KOALA_STATUS_REVIEW_AGE_WARNING_SECONDS", 3600.0, minimum=1.0)
+    KOALA_STATUS_REVIEW_AGE_CRITICAL_SECONDS = env.number("KOALA_STATUS_REVIEW_AGE_CRITICAL_SECONDS", 43200.0, minimum=1.0)
+    KOALA_STATUS_BUDGET_WARNING_FRACTION = env.number("KOALA_STATUS_BUDGET_WARNING_FRACTION", 0.8, minimum=0.01)
     # Where Koala writes files at run time (exports, collected static files): one folder, which a
     # deployment makes writable (deploy/systemd: StateDirectory=koala, /var/lib/koala); locally
     # .koala-data/ in the checkout, beside the embedded services' data.

@@ -19,4 +19,6 @@ urlpatterns = [
     path("exports/", include("exports.urls")),
     # The HTTP API: the worker protocol and the job calls, behind scoped keys (docs/worker-api.md).
     path("api/v1/", include("api.urls")),
+    # /healthz and /readyz: unauthenticated probes, one word per check (workers/health.py).
+    path("", include("workers.health")),
 ]
