@@ -81,8 +81,13 @@ def test_no_read_writes(people: People, provider: FakeProvider, settings: Any, r
         ("koala_export", "list"),
         ("koala_beat", "--status"),
         ("koala_tick", "--list"),
+        ("koala_status",),
+        ("koala_status", "--json"),
     ):
-        with CaptureQueriesContext(connection) as captured, contextlib.suppress(CommandError):  # --status: exit 1 when stale
+        with (
+            CaptureQueriesContext(connection) as captured,
+            contextlib.suppress(CommandError),
+        ):  # --status, koala_status: exit 1/2 when unhealthy
             call_command(*command, stdout=io.StringIO())
         found[" ".join(command)] = writes(captured)
     assert {where: statements for where, statements in found.items() if statements} == {}
