@@ -87,7 +87,7 @@ def test_no_read_writes(people: People, provider: FakeProvider, settings: Any, r
         with (
             CaptureQueriesContext(connection) as captured,
             contextlib.suppress(CommandError),
-        ):  # --status, koala_status: exit 1/2 when unhealthy
+        ):  # exit 1/2 when unhealthy
             call_command(*command, stdout=io.StringIO())
         found[" ".join(command)] = writes(captured)
     assert {where: statements for where, statements in found.items() if statements} == {}
