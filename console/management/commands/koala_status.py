@@ -32,5 +32,5 @@ class Command(BaseCommand):
             for check in checks:
                 self.stdout.write(f"{check.level.name:<8} {check.name:<{width}}  {check.detail}")
         if worst:
-            failing = sum(1 for check in checks if check.level == worst)
-            raise CommandError(f"{worst.name.lower()}: {failing} check(s) at this level", returncode=int(worst))
+            named = " ".join(check.name for check in checks if check.level == worst)
+            raise CommandError(f"{worst.name.lower()}: {named}", returncode=int(worst))
