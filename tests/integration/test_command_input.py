@@ -508,6 +508,11 @@ TABLE: dict[str, list[Case]] = {
         c("--list=yes", names="--list"),
         c("prune", "--nope", names="--nope"),
     ],
+    "koala_status": [
+        c("--json=yes", names="--json"),
+        c("--nope", names="--nope"),
+        c("extra", names="extra"),
+    ],
 }
 
 
