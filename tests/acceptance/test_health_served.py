@@ -29,3 +29,14 @@ def test_readyz_is_503_when_the_served_process_cannot_reach_redis(tmp_path: Path
     finally:
         server.stop()
     assert (status, body) == (503, "database ok\nredis failed\nmigrations ok\n")
+
+
+def test_readyz_is_503_when_the_served_process_cannot_reach_postgresql(tmp_path: Path, redis_clean: None) -> None:
+    server = ApiServer(tmp_path, env={"DATABASE_URL": f"postgres://root@127.0.0.1:{free_port()}/koala"})
+    server.start()
+    try:
+        assert server.call("GET", "/healthz", headers={"Host": "localhost"})[:2] == (200, "ok\n")
+        status, body, _ = server.call("GET", "/readyz", headers={"Host": "localhost"})
+    finally:
+        server.stop()
+    assert (status, body) == (503, "database failed\nredis ok\nmigrations unknown\n")
