@@ -153,6 +153,9 @@ def test_kill_9_of_an_sdk_worker_mid_step_is_reclaimed_and_each_step_ends_once(
     wait_for(lambda: any(line[0] == "b" for line in _lines(log)), timeout=30, what="b to start")
     b_line = next(line for line in _lines(log) if line[0] == "b")
     assert b_line[5] == "hk1"
+    # c runs beside b: kill only once c's end is recorded, so the kill lands in b alone (a c still
+    # in flight would rightly run again, at least once, and the counts below would not be exact).
+    wait_for(lambda: RunStep.objects.filter(run_id=run_id, name="c", state="succeeded").exists(), timeout=30, what="c to end")
     first.kill()  # kill -9 mid-step: no report, no stop call
     first.wait(timeout=10)
     # The other worker takes b once the lease is reclaimed (``hold`` pauses a first attempt only).
