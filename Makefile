@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-flat bench-api bench-api-start requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-flat bench-api bench-api-start requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -112,6 +112,11 @@ bench-capacity: bootstrap ## Capacity experiment: export concurrency 1/2/4 under
 bench-scale: bootstrap ## Scale benchmark: queries on a 1M-job table (bench/scale.py; BENCH_ARGS=--jobs 20000)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.scale "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+bench-prune: bootstrap ## Retention benchmark: prune a 1M-job backlog beside a live worker (bench/prune.py; BENCH_ARGS=--jobs 20000)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.prune "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 bench-flat: bootstrap ## Flat-cost benchmark: drain rate, claim/complete latency, worker RSS at 10k/100k/1M finished jobs (bench/flat.py)
