@@ -28,6 +28,9 @@ TICK_SERVICES = tuple(f"koala-{task}.service" for task in TICK_TASKS)
 TIMER_UNITS = tuple(f"koala-{task}.timer" for task in TICK_TASKS)
 SERVICE_UNITS = ("koala-migrate.service", "koala-web.service", "koala-worker@.service", "koala-beat.service", *TICK_SERVICES)
 ALL_UNITS = (*SERVICE_UNITS, "koala-alert@.service", *TIMER_UNITS)
+# The service user every unit runs as, and the credential files the workers load besides secret_key.
+SERVICE_USER = "koala-agent"
+PROVIDER_CREDENTIALS = ("payments_api_key", "models_api_key")
 # The host folders the units name, and what each is (moved under Host.root by the tests).
 HOST_CODE, HOST_CONFIG, HOST_STATE = "/opt/koala", "/etc/koala", "/var/lib/koala"
 # What systemd's service manager puts in every service's environment before the unit's own.
@@ -142,6 +145,10 @@ class Host:
         self.config = root / HOST_CONFIG.lstrip("/")
         (self.config / "credentials").mkdir(parents=True, mode=0o700)
         (self.config / "credentials" / "secret_key").write_text(secrets.token_urlsafe(50) + "\n")
+        # The provider keys the workers load, empty as docs/operations.md installs them until a
+        # provider is configured (an empty key is an unset one).
+        for name in PROVIDER_CREDENTIALS:
+            (self.config / "credentials" / name).write_text("")
         self.env_file = self.config / "koala.env"
         example = read_env_file(ENV_EXAMPLE)
         unknown = set(env_overrides) - set(example)
@@ -179,7 +186,7 @@ class Host:
         env = {
             "PATH": SYSTEMD_PATH,
             "LANG": "C.UTF-8",
-            "HOME": str(self.state),  # the koala user's home (useradd --home-dir /var/lib/koala)
+            "HOME": str(self.state),  # koala-agent's home (useradd --home-dir /var/lib/koala)
             "CREDENTIALS_DIRECTORY": str(self.credentials_dir(unit, instance)),
         }
         if unit.value("Service", "StateDirectory"):
@@ -212,3 +219,38 @@ class Host:
         if directory is None:
             raise ValueError(f"{unit.name} has no WorkingDirectory=")
         return self.path(directory)
+
+
+# -- MemoryDenyWriteExecute=yes, as the kernel enforces it ------------------------------------------
+PR_SET_MDWE, PR_GET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 66, 1
+
+
+def refuse_write_execute() -> None:
+    """For ``preexec_fn``: the process (and everything it execs or forks) may never map memory
+    writable and executable, nor make writable memory executable: what the units'
+    ``MemoryDenyWriteExecute=yes`` enforces (systemd 252 with a seccomp filter, later ones with
+    this prctl; Linux 6.3 or later). Raises OSError on an older kernel."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, "prctl(PR_SET_MDWE) refused: this kernel cannot deny write+execute memory")
+
+
+def kernel_can_refuse_write_execute() -> bool:
+    """Whether ``refuse_write_execute`` works here (checked in a throw-away child)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import ctypes, mmap\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"assert libc.prctl({PR_SET_MDWE}, {PR_MDWE_REFUSE_EXEC_GAIN}, 0, 0, 0) == 0\n"
+        "try:\n"
+        "    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "except PermissionError:\n"
+        "    raise SystemExit(0)\n"
+        "raise SystemExit(1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0

@@ -2,7 +2,7 @@
 command is one this checkout can run, and that the settings they rely on parse strictly.
 
 Whether each command really serves is tests/acceptance/test_deploy_units.py (it starts them);
-``systemd-analyze verify`` runs there too.
+``systemd-analyze verify`` and ``security`` run in tests/unit/test_deploy_hardening.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from tests.support.units import (
     ENV_EXAMPLE,
     HOST_CODE,
     HOST_STATE,
+    PROVIDER_CREDENTIALS,
     REPO,
     SERVICE_UNITS,
+    SERVICE_USER,
     TICK_SERVICES,
     TICK_TASKS,
     TIMER_UNITS,
@@ -43,18 +45,43 @@ VENV_PYTHON = f"{HOST_CODE}/.venv/bin/python"
 LONG_RUNNING = tuple(name for name in SERVICE_UNITS if name != "koala-migrate.service" and name not in TICK_SERVICES)
 # Every service unit says these, exactly.
 SAME_IN_EVERY_SERVICE = {
-    "User": "koala",
-    "Group": "koala",
+    "User": SERVICE_USER,
+    "Group": SERVICE_USER,
     "WorkingDirectory": HOST_CODE,
     "EnvironmentFile": "/etc/koala/koala.env",
+    "StateDirectory": "koala",
+    "StateDirectoryMode": "0750",
+    "ReadWritePaths": HOST_STATE,
+    "UMask": "0077",
+}
+# The sandbox every Koala unit (the alert included) says, exactly; how much it leaves exposed is
+# scored by systemd-analyze security in tests/unit/test_deploy_hardening.py.
+SANDBOX = {
     "NoNewPrivileges": "yes",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+    "RestrictSUIDSGID": "yes",
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
     "PrivateTmp": "yes",
-    "StateDirectory": "koala",
-    "StateDirectoryMode": "0750",
-    "LoadCredential": "secret_key:/etc/koala/credentials/secret_key",
+    "PrivateDevices": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectClock": "yes",
+    "ProtectHostname": "yes",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+    "MemoryDenyWriteExecute": "yes",
+    "RestrictRealtime": "yes",
+    "SystemCallArchitectures": "native",
+    "SystemCallErrorNumber": "EPERM",
 }
+SECRET_KEY_CREDENTIAL = "secret_key:/etc/koala/credentials/secret_key"
+# Only the workers run bodies that call the providers.
+PROVIDER_SETTINGS = {"payments_api_key": "KOALA_PAYMENTS_API_KEY", "models_api_key": "KOALA_MODELS_API_KEY"}
 SECRETS = {"SECRET_KEY", "KOALA_PAYMENTS_API_KEY", "KOALA_MODELS_API_KEY", "EMAIL_HOST_PASSWORD", "SENTRY_DSN"}
 
 
@@ -88,8 +115,38 @@ def test_every_service_runs_as_koala_confined_with_its_environment_and_secret(na
     assert said == {key: [value] for key, value in SAME_IN_EVERY_SERVICE.items()}
     assert "SECRET_KEY_FILE=%d/secret_key" in unit.values("Service", "Environment")
     assert unit.value("Service", "Type") in {"exec", "oneshot"}, "exec: a start fails when the program cannot run"
-    assert unit.value("Service", "MemoryMax"), "a memory bound"
+    for key in ("MemoryMax", "CPUQuota", "TasksMax"):
+        assert unit.value("Service", key), f"{key}: a bound, chosen from measurements (the comment says how)"
     assert unit.value("Unit", "OnFailure") == "koala-alert@%N.service"
+
+
+@pytest.mark.parametrize("name", SERVICE_UNITS)
+def test_every_service_loads_the_secret_key_and_only_the_workers_load_provider_keys(name: str) -> None:
+    unit = units()[name]
+    worker = name == "koala-worker@.service"
+    expected = [SECRET_KEY_CREDENTIAL] + [f"{c}:/etc/koala/credentials/{c}" for c in PROVIDER_CREDENTIALS if worker]
+    assert unit.values("Service", "LoadCredential") == expected
+    files = {e.partition("=")[0]: e.partition("=")[2] for e in unit.values("Service", "Environment") if "_FILE=" in e}
+    assert files == {
+        "SECRET_KEY_FILE": "%d/secret_key",
+        **({f"{setting}_FILE": f"%d/{c}" for c, setting in PROVIDER_SETTINGS.items()} if worker else {}),
+    }, "each credential is read by Koala through NAME_FILE, from the credentials folder (%d)"
+
+
+@pytest.mark.parametrize("name", [*SERVICE_UNITS, "koala-alert@.service"])
+def test_every_service_is_sandboxed_alike(name: str) -> None:
+    unit = units()[name]
+    said = {key: unit.values("Service", key) for key in SANDBOX}
+    assert said == {key: [value] for key, value in SANDBOX.items()}
+    assert unit.value("Service", "User") == SERVICE_USER, "never root"
+    worker = name == "koala-worker@.service"
+    # A worker's work horse lowers its own limits (setrlimit) for the per-attempt ceilings; every
+    # other unit denies @resources with @privileged.
+    assert unit.values("Service", "SystemCallFilter") == [
+        "@system-service",
+        "~@privileged @resources",
+        *(["setrlimit prlimit64"] if worker else []),
+    ]
 
 
 @pytest.mark.parametrize("name", LONG_RUNNING)
