@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import functools
 import json
 import logging
 import re
@@ -144,6 +145,43 @@ def _extra_patterns() -> list[tuple[re.Pattern[str], str | Callable[[re.Match[st
     return [(re.compile(p), MASK) for p in extra]
 
 
+# The process's own secrets, from its settings (each read from NAME or NAME_FILE): masked in every
+# text whatever the context, so a body or a library that prints the signing key, a provider key
+# or the database or SMTP password carries none of them into a failure record, a log line, a page or a
+# Sentry event. Shorter values are not masked in free text: they would mask ordinary words (an
+# unset key is "").
+CONFIGURED_SECRET_SETTINGS = (
+    "SECRET_KEY",
+    "KOALA_PAYMENTS_API_KEY",
+    "KOALA_MODELS_API_KEY",
+    "SENTRY_DSN",
+    "KOALA_METRICS_TOKEN",
+)
+MIN_CONFIGURED_SECRET = 10
+
+
+def configured_secrets() -> tuple[str, ...]:
+    """The configured secrets as they may be written (``_variants``), longest first."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        found = [getattr(settings, name, "") for name in CONFIGURED_SECRET_SETTINGS]
+        found.append(settings.DATABASES.get("default", {}).get("PASSWORD") or "")
+        # EMAIL_HOST_PASSWORD: the SMTP mailer's options (koala/settings.py MAILERS).
+        found.append((getattr(settings, "MAILERS", {}).get("default", {}).get("OPTIONS") or {}).get("password") or "")
+        found.extend((getattr(settings, "KOALA_OTLP_HEADERS", None) or {}).values())
+    except ImproperlyConfigured:  # outside a configured Django: nothing is known
+        return ()
+    return _configured_literals(tuple(v for v in found if isinstance(v, str) and len(v) >= MIN_CONFIGURED_SECRET))
+
+
+@functools.lru_cache(maxsize=8)
+def _configured_literals(values: tuple[str, ...]) -> tuple[str, ...]:
+    written = {variant for value in values for variant in _variants(value) if len(variant) >= MIN_CONFIGURED_SECRET}
+    return tuple(sorted(written, key=lambda v: (-len(v), v)))
+
+
 def _norm_key(key: str) -> str:
     return key.lower().replace("-", "_")
 
@@ -253,6 +291,9 @@ class Redactor:
         return "".join(parts)
 
     def _mask(self, text: str) -> str:
+        for value in configured_secrets():
+            if value in text:
+                text = text.replace(value, MASK)
         text = self._mask_known(text)
         for pattern, replacement in _PATTERNS + _extra_patterns():
             text = pattern.sub(replacement, text)
