@@ -229,6 +229,10 @@ def test_each_units_command_serves_with_the_env_examples_settings(tmp_path: Path
         assert applied >= 10, "migrate built the schema"
         assert (host.state / "static" / "admin" / "css" / "base.css").is_file(), "collectstatic wrote STATIC_ROOT"
 
+        # The web's ExecStartPre= (the settings, checked in a process that exits) passes.
+        [precheck] = host.commands(shipped["koala-web.service"], key="ExecStartPre")
+        done = services.run(shipped["koala-web.service"], precheck)
+        assert done.returncode == 0, done.stderr[-2000:]
         port = free_port()
         web = services.start(shipped["koala-web.service"], port=port)
         worker = services.start(shipped["koala-worker@.service"])

@@ -201,11 +201,11 @@ class Host:
                 env[key] = self.path(value)
         return env
 
-    def commands(self, unit: Unit, *, instance: str = "1", port: int | None = None) -> list[list[str]]:
-        """Every ExecStart= of the unit (a oneshot may have several) as argv under the tree;
-        ``port`` replaces the value of ``--port``."""
+    def commands(self, unit: Unit, *, instance: str = "1", port: int | None = None, key: str = "ExecStart") -> list[list[str]]:
+        """Every ExecStart= (or ``key``: ExecStartPre=) of the unit (a oneshot may have several)
+        as argv under the tree; ``port`` replaces the value of ``--port``."""
         result = []
-        for line in unit.values("Service", "ExecStart"):
+        for line in unit.values("Service", key):
             argv = [self.path(word) for word in command_line(self._expand(unit, line, instance))]
             if port is not None:
                 if "--port" not in argv:

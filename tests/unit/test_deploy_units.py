@@ -209,6 +209,16 @@ def test_the_web_runs_uvicorn_on_asgi_with_the_options_of_devtools_servers() -> 
     assert seconds(unit.value("Service", "TimeoutStopSec")) > graceful, "systemd waits for the graceful shutdown"
 
 
+def test_the_web_checks_its_settings_in_a_process_that_exits_before_uvicorn_starts() -> None:
+    """uvicorn's supervisor restarts server processes that die of a bad setting for ever: the
+    start limit and the alert would never see it (deploy/docker/entrypoint does the same)."""
+    unit = units()["koala-web.service"]
+    assert [command_line(line) for line in unit.values("Service", "ExecStartPre")] == [
+        [VENV_PYTHON, "manage.py", "check", "--fail-level", "ERROR"]
+    ]
+    assert all(not units()[name].values("Service", "ExecStartPre") for name in SERVICE_UNITS if name != unit.name)
+
+
 def test_the_worker_is_never_killed_before_its_shutdown_deadline_and_release() -> None:
     unit = units()["koala-worker@.service"]
     argv = exec_start(unit)
