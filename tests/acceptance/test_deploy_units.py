@@ -6,9 +6,10 @@ this test's fresh database and private Redis), the secret from a credentials fol
 in a temporary tree laid out like the host (``/opt/koala`` → this checkout, ``/var/lib/koala``
 the state directory; tests/support/units.py). It runs as the current user, not through systemd
 (no init here); what only systemd does, ``systemd-analyze verify`` and ``security`` check
-(tests/unit/test_deploy_hardening.py). Of the units' sandbox, the one setting that could break
-Python is applied for real: every process runs with the kernel refusing writable+executable
-memory (``MemoryDenyWriteExecute=yes``; PR_SET_MDWE, Linux 6.3 or later).
+(tests/unit/test_deploy_hardening.py). Of the units' sandbox, the settings that could break
+Python are applied for real, by the kernel: each process runs under its unit's system call filter
+(``SystemCallFilter=``, with libseccomp, refused calls failing with EPERM) and refusing
+writable+executable memory (``MemoryDenyWriteExecute=yes``; PR_SET_MDWE, Linux 6.3 or later).
 
 - the migrate step builds the schema of an empty database and collects the static files;
 - the web answers ``/admin/login/`` over the proxy's HTTPS (and redirects plain HTTP there), serves
@@ -27,6 +28,7 @@ import http.client
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,8 +51,11 @@ from tests.support.units import (
     TIMER_UNITS,
     Host,
     Unit,
+    allowed_syscalls,
+    confinement,
     kernel_can_refuse_write_execute,
     refuse_write_execute,
+    syscall_groups,
     units,
 )
 
@@ -102,10 +107,16 @@ class Services:
 
     def __init__(self, host: Host, logs: Path) -> None:
         self.host, self.logs = host, logs
-        # MemoryDenyWriteExecute=yes, where this kernel can enforce it.
-        self.preexec = refuse_write_execute if kernel_can_refuse_write_execute() else None
+        # What the kernel enforces of each unit's sandbox without systemd: MemoryDenyWriteExecute=
+        # (Linux 6.3 or later) and SystemCallFilter= (its groups as this systemd-analyze lists them).
+        tool = shutil.which("systemd-analyze")
+        self.groups = syscall_groups(tool) if tool else None
+        self.write_execute = kernel_can_refuse_write_execute()
         self.running: dict[str, tuple[Unit, subprocess.Popen[bytes]]] = {}
         logs.mkdir()
+
+    def preexec(self, unit: Unit) -> Callable[[], None]:
+        return confinement(unit, groups=self.groups, write_execute=self.write_execute)
 
     def run(self, unit: Unit, argv: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -115,7 +126,7 @@ class Services:
             capture_output=True,
             text=True,
             timeout=timeout,
-            preexec_fn=self.preexec,
+            preexec_fn=self.preexec(unit),
         )
 
     def start(self, unit: Unit, *, port: int | None = None) -> subprocess.Popen[bytes]:
@@ -128,7 +139,7 @@ class Services:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=self.preexec,
+            preexec_fn=self.preexec(unit),
         )
         self.running[unit.name] = (unit, proc)
         return proc
@@ -301,6 +312,9 @@ def test_each_units_command_serves_with_the_env_examples_settings(tmp_path: Path
             print(f"{name}: {used:.0f} MB resident at rest, MemoryMax {bound:.0f} MB; {tasks} tasks, TasksMax {tasks_max}")
             assert 0 < used < bound / 2, f"{name}: {used:.0f} MB of MemoryMax {bound:.0f} MB"
             assert 0 < tasks < tasks_max / 2, f"{name}: {tasks} tasks of TasksMax {tasks_max}"
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            if services.groups is not None:
+                assert "\nSeccomp:\t2\n" in status, f"{name} runs under its system call filter"
 
         # A stop (systemd: SIGTERM to the unit's processes) ends each one cleanly within TimeoutStopSec.
         for name, (unit, proc) in services.running.items():
@@ -378,3 +392,38 @@ def test_the_serving_test_runs_under_memory_deny_write_execute_on_this_kernel() 
         timeout=60,
     )
     assert (done.returncode, done.stdout) == (0, "imported\n"), done.stderr
+
+
+SYSCALL_PROBE = """
+import os, resource
+resource.setrlimit(resource.RLIMIT_CPU, (3600, 3600))  # lower: what the work horse does
+said = ["setrlimit ok"]
+for name, call in (("sched_setaffinity", lambda: os.sched_setaffinity(0, {0})), ("chown", lambda: os.chown(".", -1, 0))):
+    try:
+        call()
+        said.append(name + " allowed")
+    except PermissionError:
+        said.append(name + " refused")
+print("; ".join(said))
+"""
+
+
+def test_the_serving_test_runs_each_unit_under_its_system_call_filter() -> None:
+    """The filter the serving test gives each process is the unit's, and the kernel enforces it:
+    the worker (and every unit, through prlimit64 in @default) may lower a resource limit;
+    @resources' sched_setaffinity and @privileged's chown fail with EPERM."""
+    groups = syscall_groups(require_tool("systemd-analyze"))
+    shipped = units()
+    worker, web = shipped["koala-worker@.service"], shipped["koala-web.service"]
+    assert allowed_syscalls(worker, groups) - allowed_syscalls(web, groups) == {"setrlimit"}
+    for unit in (worker, web):
+        done = subprocess.run(
+            [sys.executable, "-c", SYSCALL_PROBE],
+            preexec_fn=confinement(unit, groups=groups, write_execute=False),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.stdout.strip() == "setrlimit ok; sched_setaffinity refused; chown refused", (unit.name, done)
+        free = subprocess.run([sys.executable, "-c", SYSCALL_PROBE], capture_output=True, text=True, timeout=60)
+        assert "sched_setaffinity allowed" in free.stdout, "without the filter the probe's calls work"

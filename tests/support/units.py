@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,3 +255,82 @@ def kernel_can_refuse_write_execute() -> bool:
         "raise SystemExit(1)\n"
     )
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0
+
+
+# -- SystemCallFilter=, as the kernel enforces it ---------------------------------------------------
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_ACT_ERRNO_EPERM = 0x00050000 | 1  # SCMP_ACT_ERRNO(EPERM): SystemCallErrorNumber=EPERM
+
+
+def syscall_groups(tool: str) -> dict[str, list[str]]:
+    """systemd's system call groups (``@name`` → members, nested groups by name), as this
+    systemd-analyze lists them."""
+    import subprocess
+
+    listed = subprocess.run([tool, "syscall-filter", "--no-pager"], capture_output=True, text=True, timeout=60, check=True).stdout
+    groups: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in listed.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.strip(), [])
+        elif current is not None and line.strip() and not line.strip().startswith("#"):
+            current.append(line.strip())
+    return groups
+
+
+def _expand(names: list[str], groups: dict[str, list[str]]) -> set[str]:
+    found: set[str] = set()
+    for name in names:
+        found |= _expand(groups[name], groups) if name.startswith("@") else {name}
+    return found
+
+
+def allowed_syscalls(unit: Unit, groups: dict[str, list[str]]) -> set[str]:
+    """What the unit's ``SystemCallFilter=`` lines allow, read as systemd reads them: the first,
+    an allow list, sets the default (deny) and what is allowed, with ``@default`` always allowed;
+    each later ``~…`` line removes calls, each later plain line adds them back."""
+    lines = unit.values("Service", "SystemCallFilter")
+    if not lines or lines[0].startswith("~"):
+        raise ValueError(f"{unit.name}: expected an allow list first, not {lines}")
+    allowed = _expand(lines[0].split(), groups) | _expand(["@default"], groups)
+    for line in lines[1:]:
+        if line.startswith("~"):
+            allowed -= _expand(line[1:].split(), groups)
+        else:
+            allowed |= _expand(line.split(), groups)
+    return allowed
+
+
+def confinement(unit: Unit, *, groups: dict[str, list[str]] | None, write_execute: bool) -> Callable[[], None]:
+    """A ``preexec_fn`` giving the process what the kernel enforces for the unit here, without
+    systemd: its system call filter (libseccomp; refused calls fail with EPERM, as
+    ``SystemCallErrorNumber=EPERM`` says) when ``groups`` is given, and ``MemoryDenyWriteExecute``
+    when ``write_execute``. Inherited by everything the process forks and execs."""
+    allowed = sorted(allowed_syscalls(unit, groups)) if groups is not None else None
+
+    def apply() -> None:
+        if write_execute:
+            refuse_write_execute()
+        if allowed is None:
+            return
+        import ctypes
+
+        seccomp = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+        seccomp.seccomp_init.restype = ctypes.c_void_p
+        seccomp.seccomp_init.argtypes = [ctypes.c_uint32]
+        seccomp.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+        seccomp.seccomp_load.argtypes = [ctypes.c_void_p]
+        seccomp.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+        context = seccomp.seccomp_init(SCMP_ACT_ERRNO_EPERM)
+        if not context:
+            raise OSError("seccomp_init failed")
+        for name in allowed:
+            number = seccomp.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                continue  # not a call of this architecture (SystemCallArchitectures=native)
+            if seccomp.seccomp_rule_add(context, SCMP_ACT_ALLOW, number, 0) != 0:
+                raise OSError(f"seccomp_rule_add({name}) failed")
+        if seccomp.seccomp_load(context) != 0:
+            raise OSError("seccomp_load failed")
+
+    return apply
