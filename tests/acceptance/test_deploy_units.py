@@ -19,6 +19,7 @@ writable+executable memory (``MemoryDenyWriteExecute=yes``; PR_SET_MDWE, Linux 6
 - each timer's oneshot service runs its ``koala_tick`` task to the end (exit 0), and releases its lease;
 - at rest each unit uses under half its MemoryMax and its TasksMax;
 - each process stops cleanly on SIGTERM within its unit's TimeoutStopSec;
+- the worker's other shapes (``--worker-class fork``, ``--pool 2``) run a job in the same sandbox;
 - the env example's settings pass ``manage.py check --deploy`` with no warning.
 """
 
@@ -330,6 +331,17 @@ def test_each_units_command_serves_with_the_env_examples_settings(tmp_path: Path
         [(ended,)] = query(fresh_database, "SELECT exit FROM workers_workerprocess WHERE name = %s", ran_by)
         assert ended == "stopped"
         assert (worker.returncode, beat.returncode) == (0, 0)
+
+        # The other worker shapes a drop-in may give the unit (`systemctl edit koala-worker@2`),
+        # in the same sandbox: the fork class (a work horse per wake) and a pool of two.
+        worker_unit = shipped["koala-worker@.service"]
+        [argv] = host.commands(worker_unit)
+        base = argv[: argv.index("--name")]
+        for shape in (["--worker-class", "fork", "--name", "fork-shape"], ["--pool", "2"]):
+            job = int(services.manage("koala_enqueue", "noop", "--input", "{}").strip())
+            done = services.run(worker_unit, [*base, *shape, "--burst"], timeout=120)
+            assert done.returncode == 0, f"{shape}: {done.stderr[-2000:]}"
+            assert job_state(job) == "succeeded", f"{shape}: {done.stderr[-2000:]}"
     finally:
         services.kill_all()
 
