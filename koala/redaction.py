@@ -1,7 +1,7 @@
 """Redaction: one module for failure records, ledger rows, logs, Sentry events, pages and commands.
 
 Nothing sensitive should be stored or sent in the first place, so every error message, input
-summary, log record and Sentry event goes through here before it leaves the process. Three
+summary, log record and Sentry event goes through here before it leaves the process. Four
 mechanisms (the contract for kind authors is in docs/redaction.md):
 
 - **keys**: values under a declared sensitive field (per job kind) or an always-sensitive key
@@ -12,6 +12,8 @@ mechanisms (the contract for kind authors is in docs/redaction.md):
   ``FRAGMENT_WINDOW`` or more of their characters (a prompt's first 100 characters, an excerpt);
 - **patterns**: credential-shaped strings (bearer tokens, API keys, AWS keys, JWTs, passwords in
   URLs, Luhn-valid card numbers), also when URL-encoded.
+- **configured secrets**: the process's own (``configured_secrets``: the signing key, the
+  provider keys, the database and SMTP passwords...), in every text whatever the context.
 
 The known values live in a ``Redactor``, one per attempt and one per request: the worker runtime
 binds the attempt's (``bind``) around the body and everything it reports; the web middleware
