@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from zoneinfo import ZoneInfo
 
+from django.db import connection
 from django.db.models import Q
 
+from workers import sql
 from workers.models import Budget, BudgetUsage
 from workers.services.budgets import period_for, usage_for
 
@@ -73,3 +75,13 @@ def budget_bars(*, now: dt.datetime, only: Budget | None = None) -> list[BudgetB
         ]
         bars.append(BudgetBar(budget=budget, period=periods[budget.pk], usage=used, rows=rows))
     return bars
+
+
+def running_in_scope(budget: Budget) -> int:
+    """Running jobs in the budget's scope (and tenant): what its concurrency limit is held against."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.COUNT_RUNNING_IN_SCOPE[(budget.scope, bool(budget.tenant))], {"target": budget.target, "tenant": budget.tenant}
+        )
+        (running,) = cursor.fetchone()
+    return int(running)
