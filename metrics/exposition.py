@@ -131,13 +131,14 @@ def _engine(snap: Snapshot) -> Iterator[Metric]:
     for (kind, part), (per_bucket, total) in snap.durations.items():
         key = (bounded(kind), part if part in DURATION_PARTS else "other")
         counts_so_far, sum_so_far = merged.get(key, ([0.0] * (len(BUCKETS) + 1), 0.0))
-        merged[key] = ([a + b for a, b in zip(counts_so_far, per_bucket, strict=True)], sum_so_far + total)
-    for (kind, part), (per_bucket, total) in sorted(merged.items()):
-        cumulative, running = [], 0.0
-        for bound, n in zip([*(_le(b) for b in BUCKETS), "+Inf"], per_bucket, strict=True):
+        merged[key] = ([a + float(b) for a, b in zip(counts_so_far, per_bucket, strict=True)], sum_so_far + total)
+    for (kind, part), (bucket_counts, bucket_sum) in sorted(merged.items()):
+        cumulative: list[tuple[str, float]] = []
+        running = 0.0
+        for bound, n in zip([*(_le(b) for b in BUCKETS), "+Inf"], bucket_counts, strict=True):
             running += n
             cumulative.append((bound, running))
-        hist.add_metric([kind, part], buckets=cumulative, sum_value=total)
+        hist.add_metric([kind, part], buckets=cumulative, sum_value=bucket_sum)
     yield hist
 
     yield _counter(

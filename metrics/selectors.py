@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Sum
+from django.utils import timezone
 
-from metrics.models import RejectionEvent, RejectionTally
-from metrics.services import BUCKETS
+from metrics.models import FoldMark, RejectionEvent, RejectionTally
+from metrics.services import BUCKETS, MARK
 from reviews.models import ReviewRequest, ReviewState
 from schedules.selectors import list_schedules
 from workers import sql
@@ -78,11 +79,11 @@ def snapshot() -> Snapshot:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql.METRICS_SNAPSHOT_BEGIN)
         cursor.execute(sql.METRICS_SNAPSHOT_SESSION)
-        cursor.execute(sql.METRICS_MARK)
-        folded_before, folded_at, now = cursor.fetchone()
-        snap = Snapshot(now=now, folded_at=folded_at)
-        if folded_before != dt.datetime.min.replace(tzinfo=dt.UTC) and folded_at is not None:
-            snap.folded_before = folded_before
+        mark = FoldMark.objects.filter(name=MARK).first()  # the snapshot's first read
+        now = timezone.now()
+        snap = Snapshot(now=now)
+        if mark is not None:
+            snap.folded_before, snap.folded_at = mark.folded_before, mark.folded_at
         seen: set[str] = set()
 
         cursor.execute(sql.METRICS_QUEUED, {"now": now})

@@ -19,11 +19,13 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F
+from django.utils import timezone
 
-from metrics.models import RejectionEvent, RejectionTally
+from metrics.models import FoldMark, RejectionEvent, RejectionTally
 from workers import sql
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,11 @@ def fold() -> Folded:
     and the rejection events into theirs; the mark moves to the horizon. One transaction."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql.METRICS_MARK_CREATE, {"name": MARK})
-        cursor.execute(sql.METRICS_MARK_SKIP_LOCKED, {"name": MARK})
-        row = cursor.fetchone()
-        if row is None:
+        # Locked for this fold; a second beat's fold skips it (it would only fold the same window).
+        mark = FoldMark.objects.select_for_update(skip_locked=True).filter(name=MARK).first()
+        if mark is None:
             return Folded(folded=False)
-        (start,) = row
+        start = mark.folded_before
         cursor.execute(sql.METRICS_FOLD_HORIZON, {"margin": HORIZON_MARGIN_SECONDS})
         (upto,) = cursor.fetchone()
         if upto <= start:
@@ -76,7 +78,7 @@ def fold() -> Folded:
         cursor.execute(sql.METRICS_FOLD_DURATIONS, window)
         cursor.execute(sql.METRICS_FOLD_FAILURES, window)
         cursor.execute(sql.METRICS_FOLD_KEPT, window)
-        cursor.execute(sql.METRICS_MARK_MOVE, {"name": MARK, "upto": upto})
+        FoldMark.objects.filter(name=MARK).update(folded_before=upto, folded_at=timezone.now())
         return Folded(folded=True, upto=upto, completions=completions, rejections=_fold_rejections())
 
 
@@ -87,9 +89,8 @@ def fold_pruned(job_ids: Sequence[int]) -> int:
     both count a row. Returns the tally rows touched."""
     with connection.cursor() as cursor:
         cursor.execute(sql.METRICS_MARK_CREATE, {"name": MARK})
-        cursor.execute(sql.METRICS_MARK_LOCK, {"name": MARK})
-        (start,) = cursor.fetchone()
-        params = {"ids": list(job_ids), "from": start, "bounds": list(BUCKETS)}
+        start = FoldMark.objects.select_for_update().get(name=MARK).folded_before  # waits for a running fold
+        params: dict[str, Any] = {"ids": list(job_ids), "from": start, "bounds": list(BUCKETS)}
         cursor.execute(sql.METRICS_PRUNED_COMPLETIONS, params)
         touched = max(cursor.rowcount, 0)
         cursor.execute(sql.METRICS_PRUNED_DURATIONS, params)

@@ -1187,10 +1187,6 @@ SELECT LEAST(
 ) - make_interval(secs => %(margin)s)
 """
 
-# The fold mark's row, locked for this fold; a second beat's fold skips it (SKIP LOCKED: it would
-# only fold the same window again) and the retention hook waits for it (FOR UPDATE).
-METRICS_MARK_SKIP_LOCKED = "SELECT folded_before FROM metrics_foldmark WHERE name = %(name)s FOR UPDATE SKIP LOCKED"
-METRICS_MARK_LOCK = "SELECT folded_before FROM metrics_foldmark WHERE name = %(name)s FOR UPDATE"
 # The mark's first row: before every end on record (or now, with nothing finished yet).
 METRICS_MARK_CREATE = """
 INSERT INTO metrics_foldmark (name, folded_before, folded_at)
@@ -1198,7 +1194,6 @@ VALUES (%(name)s, COALESCE(LEAST((SELECT min(finished_at) FROM workers_attempt W
                                  (SELECT min(finished_at) FROM workers_job WHERE finished_at IS NOT NULL)), now()), now())
 ON CONFLICT (name) DO NOTHING
 """
-METRICS_MARK_MOVE = "UPDATE metrics_foldmark SET folded_before = %(upto)s, folded_at = now() WHERE name = %(name)s"
 
 # Which rows a fold or the retention hook adds: a window of finished_at, or the pruned jobs' rows
 # not folded yet. Each tally statement below is composed with both, once, at import.
@@ -1273,8 +1268,8 @@ METRICS_SNAPSHOT_BEGIN = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ 
 METRICS_SNAPSHOT_SESSION = "SET LOCAL jit = off"
 
 # The fold mark, or -infinity before any fold (then the tail is every row: still exact).
+# (The scrape reads the mark's row itself through the ORM: metrics.selectors.)
 _METRICS_MARK = "COALESCE((SELECT folded_before FROM metrics_foldmark WHERE name = 'engine'), '-infinity')"
-METRICS_MARK = f"SELECT {_METRICS_MARK}, (SELECT folded_at FROM metrics_foldmark WHERE name = 'engine'), now()"  # noqa: S608 - composed at import
 
 # Attempts that ended, by queue, kind and outcome: tally + the tail since the mark.
 METRICS_COMPLETIONS = f"""
