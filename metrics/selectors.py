@@ -14,8 +14,16 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Sum
 from django.utils import timezone
 
-from metrics.models import FoldMark, RejectionEvent, RejectionTally
-from metrics.services import BUCKETS, MARK
+from metrics.models import (
+    CompletionTally,
+    DurationTally,
+    FailureTally,
+    FoldMark,
+    KeptJobTally,
+    RejectionEvent,
+    RejectionTally,
+)
+from metrics.services import BUCKETS, MARK, NEGATED_BUCKETS
 from reviews.models import ReviewRequest, ReviewState
 from schedules.selectors import list_schedules
 from workers import sql
@@ -70,6 +78,10 @@ def _queues(seen: Iterable[str]) -> list[str]:
     return names + sorted(set(seen) - set(names))
 
 
+def _add[K](into: dict[K, int], key: K, count: int) -> None:
+    into[key] = into.get(key, 0) + int(count)
+
+
 def _limit(value: int | None) -> float | None:
     return None if value is None else float(value)
 
@@ -82,8 +94,11 @@ def snapshot() -> Snapshot:
         mark = FoldMark.objects.filter(name=MARK).first()  # the snapshot's first read
         now = timezone.now()
         snap = Snapshot(now=now)
+        since = "-infinity"  # no fold yet: the tail is every row
         if mark is not None:
             snap.folded_before, snap.folded_at = mark.folded_before, mark.folded_at
+            since = mark.folded_before.isoformat()
+        tail = {"mark": since}
         seen: set[str] = set()
 
         cursor.execute(sql.METRICS_QUEUED, {"now": now})
@@ -93,27 +108,41 @@ def snapshot() -> Snapshot:
             snap.due[queue] = due
             if oldest is not None:
                 snap.oldest_due[queue] = oldest
-        cursor.execute(sql.METRICS_RUNNING_PARKED, {"now": now})
-        for queue, state, reason, count, expired in cursor.fetchall():
+        cursor.execute(sql.METRICS_RUNNING_PARKED)
+        for state, queue, reason, count in cursor.fetchall():
             seen.add(queue)
             snap.jobs[(queue, state)] = snap.jobs.get((queue, state), 0) + count
             if state == "parked" and reason:
                 snap.parked[(queue, reason)] = count
-            snap.orphaned_leases += expired
-        cursor.execute(sql.METRICS_KEPT)
-        for queue, state, count in cursor.fetchall():
-            seen.add(queue)
-            snap.jobs[(queue, state)] = count
+        cursor.execute(sql.METRICS_ORPHANED, {"now": now})
+        (snap.orphaned_leases,) = cursor.fetchone()
 
-        cursor.execute(sql.METRICS_COMPLETIONS)
-        snap.completions = {(q, k, o): n for q, k, o, n in cursor.fetchall()}
-        cursor.execute(sql.METRICS_FAILURES)
-        snap.failures = {(q, k, r): n for q, k, r, n in cursor.fetchall()}
-        cursor.execute(sql.METRICS_DURATIONS, {"bounds": list(BUCKETS)})
-        for kind, part, bucket, n, total in cursor.fetchall():
+        # The counters and the kept finished jobs: each tally, plus the rows finished since the mark.
+        for queue, state, count in KeptJobTally.objects.values_list("queue", "state", "count"):
+            _add(snap.jobs, (queue, state), count)
+        cursor.execute(sql.METRICS_KEPT_TAIL, tail)
+        for queue, state, count in cursor.fetchall():
+            _add(snap.jobs, (queue, state), count)
+        for queue, kind, outcome, count in CompletionTally.objects.values_list("queue", "kind", "outcome", "count"):
+            _add(snap.completions, (queue, kind, outcome), count)
+        for queue, kind, reason, count in FailureTally.objects.values_list("queue", "kind", "reason", "count"):
+            _add(snap.failures, (queue, kind, reason), count)
+        cursor.execute(sql.METRICS_FAILURE_TAIL, tail)
+        for queue, kind, reason, count in cursor.fetchall():
+            _add(snap.failures, (queue, kind, reason), count)
+        buckets = [(kind, part, bucket, n, total) for kind, part, bucket, n, total in
+                   DurationTally.objects.values_list("kind", "part", "bucket", "count", "total")]  # fmt: skip
+        cursor.execute(sql.METRICS_ATTEMPT_TAIL, {**tail, "negated": NEGATED_BUCKETS})
+        for what, queue, kind, name, bucket, n, total in cursor.fetchall():
+            if what == "completion":
+                _add(snap.completions, (queue, kind, name), n)
+            else:
+                buckets.append((kind, name, bucket, n, total))
+        for kind, part, bucket, n, total in buckets:
             counts, running_sum = snap.durations.get((kind, part), ([0] * (len(BUCKETS) + 1), 0.0))
             counts[min(int(bucket), len(BUCKETS))] += n
             snap.durations[(kind, part)] = (counts, running_sum + float(total or 0.0))
+        seen.update(queue for queue, _state in snap.jobs)
         cursor.execute(sql.METRICS_LAST_ENDS)
         snap.last_attempt, snap.last_operation = cursor.fetchone()
         cursor.execute(sql.METRICS_BREAKER_TRIPS)

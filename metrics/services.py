@@ -43,6 +43,10 @@ BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# The bounds negated, ascending: what the bucket statements take (workers.sql, _METRICS_BUCKET).
+NEGATED_BUCKETS = sorted(-bound for bound in BUCKETS)
+
+
 @dataclass(frozen=True)
 class Folded:
     """What one fold did (the beat logs it)."""
@@ -75,7 +79,7 @@ def fold(*, until: dt.datetime | None = None) -> Folded:
             upto = min(upto, until)
         if upto <= start:
             return Folded(folded=True, upto=start, rejections=_fold_rejections())
-        window = {"from": start, "upto": upto, "bounds": list(BUCKETS)}
+        window = {"from": start, "upto": upto, "negated": NEGATED_BUCKETS}
         cursor.execute(sql.METRICS_FOLD_COMPLETIONS, window)
         completions = cursor.rowcount
         cursor.execute(sql.METRICS_FOLD_DURATIONS, window)
@@ -93,7 +97,7 @@ def fold_pruned(job_ids: Sequence[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql.METRICS_MARK_CREATE, {"name": MARK})
         start = FoldMark.objects.select_for_update().get(name=MARK).folded_before  # waits for a running fold
-        params: dict[str, Any] = {"ids": list(job_ids), "from": start, "bounds": list(BUCKETS)}
+        params: dict[str, Any] = {"ids": list(job_ids), "from": start, "negated": NEGATED_BUCKETS}
         cursor.execute(sql.METRICS_PRUNED_COMPLETIONS, params)
         touched = max(cursor.rowcount, 0)
         cursor.execute(sql.METRICS_PRUNED_DURATIONS, params)

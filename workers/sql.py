@@ -1225,7 +1225,11 @@ CROSS JOIN LATERAL (VALUES
 ) AS p(part, seconds)
 WHERE {where} AND a.outcome IS NOT NULL AND a.outcome <> 'unservable' AND p.seconds IS NOT NULL
 """
-_METRICS_BUCKET = "(SELECT count(*) FROM unnest(%(bounds)s::float8[]) AS b(le) WHERE b.le < p.seconds)"
+# Bounds below the value, by one width_bucket (a binary search; a subquery over the bounds per row
+# cost 120 ms for a tail of 5,000 attempts): width_bucket(x, ascending t) counts the t <= x, so
+# on the negated bounds, ascending (%(negated)s: -14400 … -0.005) it counts the bounds >= the
+# value; the bounds below it are the rest. Exact at a bound: 1.0 s falls in le="1.0".
+_METRICS_BUCKET = "(cardinality(%(negated)s::float8[]) - width_bucket(-p.seconds, %(negated)s::float8[]))"
 _METRICS_ADD_DURATIONS = (
     "INSERT INTO metrics_durationtally (kind, part, bucket, count, total)\n"
     f"SELECT j.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)" + _METRICS_DURATION_PARTS + "GROUP BY 1, 2, 3\n"
@@ -1263,68 +1267,61 @@ METRICS_PRUNED_FAILURES = _METRICS_ADD_FAILURES.format(where=_METRICS_JOB_PRUNED
 METRICS_PRUNED_KEPT = _METRICS_KEPT.format(sign="-", where="j.id = ANY(%(ids)s) AND j.finished_at < %(from)s")
 
 # The scrape's snapshot: one read-only REPEATABLE READ transaction, so every number is of one
-# moment (the first statement of the transaction; SET LOCAL's planner settings as the dashboard's).
+# moment (the first statement of the transaction), with the dashboard's planner settings for its rest.
 METRICS_SNAPSHOT_BEGIN = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-METRICS_SNAPSHOT_SESSION = "SET LOCAL jit = off"
+METRICS_SNAPSHOT_SESSION = "SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)"
 
-# The fold mark, or -infinity before any fold (then the tail is every row: still exact).
-# (The scrape reads the mark's row itself through the ORM: metrics.selectors.)
-_METRICS_MARK = "COALESCE((SELECT folded_before FROM metrics_foldmark WHERE name = 'engine'), '-infinity')"
+# %(mark)s: the fold mark the scrape read first in its snapshot (metrics.selectors), or -infinity
+# before any fold (then the tail is every row: still exact). A bound value, not a subquery: with
+# the mark unknown when the statement is planned, PostgreSQL guessed a third of the attempts past
+# it and hashed the whole job table (550 ms at 1M jobs, for a tail of 5,000 attempts).
+_METRICS_MARK = "%(mark)s::timestamptz"
 
-# Attempts that ended, by queue, kind and outcome: tally + the tail since the mark.
-METRICS_COMPLETIONS = f"""
-SELECT queue, kind, outcome, sum(n)::bigint FROM (
-    SELECT queue, kind, outcome, count AS n FROM metrics_completiontally
-    UNION ALL
-    SELECT j.queue, j.kind, a.outcome, count(*)
-    FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
-    WHERE a.finished_at >= {_METRICS_MARK} AND a.outcome IS NOT NULL
-    GROUP BY 1, 2, 3
-) t GROUP BY 1, 2, 3
-"""  # noqa: S608 - composed at import
-
-METRICS_FAILURES = f"""
-SELECT queue, kind, reason, sum(n)::bigint FROM (
-    SELECT queue, kind, reason, count AS n FROM metrics_failuretally
-    UNION ALL
-    SELECT j.queue, j.kind, j.failure_reason, count(*)
-    FROM workers_job j
-    WHERE j.finished_at >= {_METRICS_MARK} AND j.state = 'failed' AND j.failure_reason IS NOT NULL
-    GROUP BY 1, 2, 3
-) t GROUP BY 1, 2, 3
-"""  # noqa: S608 - composed at import
-
-METRICS_DURATIONS = (  # composed at import
-    "SELECT kind, part, bucket, sum(n)::bigint, sum(s)::float8 FROM (\n"  # noqa: S608 - composed at import
-    "    SELECT kind, part, bucket, count AS n, total AS s FROM metrics_durationtally\n"
-    "    UNION ALL\n"
-    f"    SELECT j.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)"
-    + _METRICS_DURATION_PARTS.format(where=f"a.finished_at >= {_METRICS_MARK}")
-    + "    GROUP BY 1, 2, 3\n"
-    ") t GROUP BY 1, 2, 3"
+# The attempts that ended since the mark, in one pass that serves two families (the tallies are
+# read through the ORM and added in Python): ('completion', queue, kind, outcome, NULL, count,
+# NULL) and ('duration', NULL, kind, part, bucket, count, sum). One join of the tail to its jobs,
+# by primary key; attempt_finished_idx gives the tail as a range.
+METRICS_ATTEMPT_TAIL = (  # composed at import
+    "WITH t AS MATERIALIZED (\n"  # noqa: S608 - composed at import
+    "    SELECT j.queue, j.kind, a.outcome, a.started_at, a.finished_at, a.compute_seconds, a.db_wait_seconds,\n"
+    "           a.storage_wait_seconds\n"
+    "    FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id\n"
+    f"    WHERE a.finished_at >= {_METRICS_MARK} AND a.outcome IS NOT NULL\n"
+    ")\n"
+    "SELECT 'completion', queue, kind, outcome, NULL::int, count(*), NULL::float8 FROM t GROUP BY 2, 3, 4\n"
+    "UNION ALL\n"
+    f"SELECT 'duration', NULL, a.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)\n"
+    + _METRICS_DURATION_PARTS.replace("FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id", "FROM t a").format(
+        where="TRUE"
+    )
+    + "GROUP BY 3, 4, 5"
 )
 
+# Jobs that ended failed since the mark, by queue, kind and reason: an index-only range of
+# job_failed_finished_idx (migration 0019), which carries exactly these columns.
+METRICS_FAILURE_TAIL = f"""
+SELECT queue, kind, failure_reason, count(*) FROM workers_job
+WHERE state = 'failed' AND finished_at >= {_METRICS_MARK} AND failure_reason IS NOT NULL
+GROUP BY 1, 2, 3
+"""  # noqa: S608 - composed at import
+
 # Jobs by queue and state: the live states counted on their partial indexes (job_queued_due_idx
-# for queued: its count, its due count and oldest due time in one index-only pass; running and
-# parked are small), the finished ones from the kept tally plus the tail since the mark.
+# for queued: its count, its due count and oldest due time in one index-only pass), running and
+# parked on job_live_idx (0019: state, queue, park_reason; index-only), the orphaned leases on
+# job_lease_expiry_idx; the finished ones are the kept tally plus the tail since the mark.
 METRICS_QUEUED = """
 SELECT queue, count(*), count(*) FILTER (WHERE scheduled_at <= %(now)s), min(scheduled_at) FILTER (WHERE scheduled_at <= %(now)s)
 FROM workers_job WHERE state = 'queued' AND scheduled_at IS NOT NULL
 GROUP BY queue
 """
 METRICS_RUNNING_PARKED = """
-SELECT queue, state, park_reason, count(*), count(*) FILTER (WHERE state = 'running' AND lease_expires_at < %(now)s)
-FROM workers_job WHERE state IN ('running', 'parked')
-GROUP BY 1, 2, 3
+SELECT state, queue, park_reason, count(*) FROM workers_job WHERE state IN ('running', 'parked') GROUP BY 1, 2, 3
 """
-METRICS_KEPT = f"""
-SELECT queue, state, sum(n)::bigint FROM (
-    SELECT queue, state, count AS n FROM metrics_keptjobtally
-    UNION ALL
-    SELECT j.queue, j.state, count(*) FROM workers_job j
-    WHERE j.finished_at >= {_METRICS_MARK} AND j.state IN ('succeeded', 'failed', 'cancelled')
-    GROUP BY 1, 2
-) t GROUP BY 1, 2
+METRICS_ORPHANED = "SELECT count(*) FROM workers_job WHERE state = 'running' AND lease_expires_at < %(now)s"
+METRICS_KEPT_TAIL = f"""
+SELECT queue, state, count(*) FROM workers_job
+WHERE finished_at >= {_METRICS_MARK} AND state IN ('succeeded', 'failed', 'cancelled')
+GROUP BY 1, 2
 """  # noqa: S608 - composed at import
 
 # The newest finished attempt and settled operation: one descent of attempt_finished_idx and of
