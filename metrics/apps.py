@@ -10,6 +10,6 @@ class MetricsConfig(AppConfig):
         from metrics import services
         from workers import hooks
 
-        hooks.register_beat_task("metrics", services.fold)
+        hooks.register_beat_task("metrics", services.beat_fold)
         hooks.register_retention("metrics", forget=services.fold_pruned)
         hooks.register_rejection_counter("metrics", services.count_rejection)

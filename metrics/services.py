@@ -89,6 +89,12 @@ def fold(*, until: dt.datetime | None = None) -> Folded:
         return Folded(folded=True, upto=upto, completions=completions, rejections=_fold_rejections())
 
 
+def beat_fold() -> dict[str, int]:
+    """The beat task: one fold, as counts (the beat logs a tick only when one is not zero)."""
+    done = fold()
+    return {"completion_rows": done.completions, "rejections": done.rejections}
+
+
 def fold_pruned(job_ids: Sequence[int]) -> int:
     """The retention hook (``forget``), inside the prune batch's transaction before the jobs go:
     their attempts and failures not folded yet are added to the tallies now, and the kept-jobs
@@ -138,17 +144,21 @@ def bounded_reason(reason: str) -> str:
 
 
 def count_rejection(reason: str) -> None:
-    """Count one named refusal. Cheap: it adds to this process's batch, written at once when the
-    caller is outside a transaction (an insert, no row anyone else writes), else after its commit;
-    a batch met inside a transaction that rolls back, or in async code, waits for the next write.
-    A database error keeps the batch; it never reaches the engine."""
+    """Count one named refusal. Cheap: it adds to this process's batch, which is written (one
+    insert, no row anyone else writes) at once when the caller is outside a transaction on a
+    database session already open, else after the caller's commit. A batch met where it cannot be
+    written (async code, a transaction that rolls back, a thread with no session yet: the API's
+    edge, which never opens one for this) waits for the next write, at the latest this process's
+    next scrape. A database error keeps the batch; it never reaches the engine."""
     with _pending_lock:
         _pending[bounded_reason(reason)] += 1
     try:
         asyncio.get_running_loop()
-        return  # async code may not touch the database: the next sync count writes it
+        return  # async code may not touch the database
     except RuntimeError:
         pass
+    if connection.connection is None:
+        return  # no session in this thread: opening one to count a refusal is not worth it
     if connection.in_atomic_block:
         transaction.on_commit(flush_rejections)
     else:
