@@ -317,3 +317,23 @@ def test_rejections_survive_in_postgresql_across_a_fold(client: Client, redis_cl
     after = scrape(client)
     assert value(after, "koala_rejections_total", reason="lease_expired") == 2
     assert value(after, "koala_rejections_total", reason="other") == 1
+
+
+def test_a_duration_on_a_bound_falls_in_that_bucket_whether_folded_or_not(client: Client, redis_clean: None) -> None:
+    ids = _succeeded(3, "edges")
+    with connection.cursor() as cursor:  # exactly 1 s, exactly 5 ms, and past the last bound (4 h)
+        for job_id, seconds in zip(ids, (1.0, 0.005, 20000.0), strict=True):
+            cursor.execute(
+                "UPDATE workers_attempt SET started_at = finished_at - make_interval(secs => %s) WHERE job_id = %s",
+                [seconds, job_id],
+            )
+
+    def buckets() -> dict[str, float]:
+        got = scrape(client)["koala_attempt_duration_seconds_bucket"]
+        return {dict(key)["le"]: v for key, v in got.items() if dict(key)["part"] == "total" and dict(key)["kind"] == "noop"}
+
+    tail = buckets()
+    assert (tail["0.005"], tail["0.01"], tail["0.5"], tail["1.0"], tail["14400.0"], tail["+Inf"]) == (1, 1, 1, 2, 2, 3)
+    services.fold()
+    assert CompletionTally.objects.exists()
+    assert buckets() == tail
