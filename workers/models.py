@@ -213,6 +213,20 @@ class Job(models.Model):
                 condition=Q(state=JobState.QUEUED, scheduled_at__isnull=False),
                 name="job_queued_due_idx",
             ),
+            # The metrics scrape's running and parked counts by queue (and park reason): an
+            # index-only read of the live rows only, whatever the table holds (0019).
+            models.Index(
+                fields=["state", "queue", "park_reason"],
+                condition=Q(state__in=[JobState.RUNNING, JobState.PARKED]),
+                name="job_live_idx",
+            ),
+            # The metrics scrape's failures since its fold mark: an index-only range (0019); failed jobs only.
+            models.Index(
+                fields=["finished_at"],
+                include=["queue", "kind", "failure_reason"],
+                condition=Q(state=JobState.FAILED, finished_at__isnull=False),
+                name="job_failed_finished_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -455,6 +469,8 @@ class Operation(models.Model):
             ),
             # The dashboard's overshoot list: a handful of rows, newest first.
             models.Index(fields=["-settled_at"], condition=Q(overshoot_minor__gt=0), name="operation_overshoot_idx"),
+            # The metrics endpoint's last completed operation: max(settled_at), one descent (0019).
+            models.Index(fields=["settled_at"], condition=Q(settled_at__isnull=False), name="operation_settled_idx"),
         ]
         ordering = ["job_id", "id"]
 

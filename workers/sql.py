@@ -1164,6 +1164,189 @@ ON CONFLICT (attempt_id, span_id) DO NOTHING
 """
 
 
+# -- Prometheus metrics (metrics.services: the fold; metrics.selectors: the scrape) ----------------
+#
+# A counter is its tally (metrics_*tally, what the fold passed) plus the engine's rows finished at
+# or after the fold mark (metrics_foldmark.folded_before): the fold adds [mark, horizon) and moves
+# the mark to the horizon in one transaction, so each row is counted once, whenever it is read.
+# The tail the scrape adds is what finished since the last fold (a beat interval or two), read by
+# range on attempt_finished_idx / job_finished_cover_idx, whatever the tables hold.
+
+# The newest time before which every attempt or job end is committed: the start of the oldest
+# transaction still open (an end's finished_at is its transaction's now(), set at or after its
+# start, so nothing still uncommitted can land before it), less a margin for the few ends
+# stamped by the application's clock (timezone.now()). The fold's own session is left out.
+METRICS_FOLD_HORIZON = """
+SELECT LEAST(
+    statement_timestamp(),
+    COALESCE(
+        (SELECT min(xact_start) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL),
+        'infinity'
+    )
+) - make_interval(secs => %(margin)s)
+"""
+
+# The mark's first row: before every end on record (or now, with nothing finished yet).
+METRICS_MARK_CREATE = """
+INSERT INTO metrics_foldmark (name, folded_before, folded_at)
+VALUES (%(name)s, COALESCE(LEAST((SELECT min(finished_at) FROM workers_attempt WHERE finished_at IS NOT NULL),
+                                 (SELECT min(finished_at) FROM workers_job WHERE finished_at IS NOT NULL)), now()), now())
+ON CONFLICT (name) DO NOTHING
+"""
+
+# Which rows a fold or the retention hook adds: a window of finished_at, or the pruned jobs' rows
+# not folded yet. Each tally statement below is composed with both, once, at import.
+_METRICS_ATTEMPT_WINDOW = "a.finished_at >= %(from)s AND a.finished_at < %(upto)s"
+_METRICS_ATTEMPT_PRUNED = "a.job_id = ANY(%(ids)s) AND a.finished_at >= %(from)s"
+_METRICS_JOB_WINDOW = "j.finished_at >= %(from)s AND j.finished_at < %(upto)s"
+_METRICS_JOB_PRUNED = "j.id = ANY(%(ids)s) AND j.finished_at >= %(from)s"
+
+_METRICS_ADD_COMPLETIONS = """
+INSERT INTO metrics_completiontally (queue, kind, outcome, count)
+SELECT j.queue, j.kind, a.outcome, count(*)
+FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+WHERE {where} AND a.outcome IS NOT NULL
+GROUP BY 1, 2, 3
+ON CONFLICT (queue, kind, outcome) DO UPDATE SET count = metrics_completiontally.count + EXCLUDED.count
+"""
+
+# The parts of an attempt's duration, each a row (NULL parts are left out): total by the
+# database's clock from start to end; compute, database and storage wait as its worker reported.
+# An unservable attempt ran no body and is no duration. bucket = how many bounds lie below the
+# value: the index of the first bound at or above it (Prometheus' le), len(bounds) for +Inf.
+_METRICS_DURATION_PARTS = """
+FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+CROSS JOIN LATERAL (VALUES
+    ('total', extract(epoch FROM a.finished_at - a.started_at)::float8),
+    ('compute', a.compute_seconds),
+    ('database_wait', a.db_wait_seconds),
+    ('storage_wait', a.storage_wait_seconds)
+) AS p(part, seconds)
+WHERE {where} AND a.outcome IS NOT NULL AND a.outcome <> 'unservable' AND p.seconds IS NOT NULL
+"""
+# Bounds below the value, by one width_bucket (a binary search; a subquery over the bounds per row
+# cost 120 ms for a tail of 5,000 attempts): width_bucket(x, ascending t) counts the t <= x, so
+# on the negated bounds, ascending (%(negated)s: -14400 … -0.005) it counts the bounds >= the
+# value; the bounds below it are the rest. Exact at a bound: 1.0 s falls in le="1.0".
+_METRICS_BUCKET = "(cardinality(%(negated)s::float8[]) - width_bucket(-p.seconds, %(negated)s::float8[]))"
+_METRICS_ADD_DURATIONS = (
+    "INSERT INTO metrics_durationtally (kind, part, bucket, count, total)\n"
+    f"SELECT j.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)" + _METRICS_DURATION_PARTS + "GROUP BY 1, 2, 3\n"
+    "ON CONFLICT (kind, part, bucket) DO UPDATE SET count = metrics_durationtally.count + EXCLUDED.count,\n"
+    "    total = metrics_durationtally.total + EXCLUDED.total"
+)
+
+_METRICS_ADD_FAILURES = """
+INSERT INTO metrics_failuretally (queue, kind, reason, count)
+SELECT j.queue, j.kind, j.failure_reason, count(*)
+FROM workers_job j
+WHERE {where} AND j.state = 'failed' AND j.failure_reason IS NOT NULL
+GROUP BY 1, 2, 3
+ON CONFLICT (queue, kind, reason) DO UPDATE SET count = metrics_failuretally.count + EXCLUDED.count
+"""
+
+# Finished jobs kept: the fold adds the window's; the retention hook takes off the pruned jobs
+# the fold had added (finished before the mark), as negative counts.
+_METRICS_KEPT = """
+INSERT INTO metrics_keptjobtally (queue, state, count)
+SELECT j.queue, j.state, {sign} count(*)
+FROM workers_job j
+WHERE {where} AND j.state IN ('succeeded', 'failed', 'cancelled')
+GROUP BY 1, 2
+ON CONFLICT (queue, state) DO UPDATE SET count = metrics_keptjobtally.count + EXCLUDED.count
+"""
+
+METRICS_FOLD_COMPLETIONS = _METRICS_ADD_COMPLETIONS.format(where=_METRICS_ATTEMPT_WINDOW)
+METRICS_FOLD_DURATIONS = _METRICS_ADD_DURATIONS.format(where=_METRICS_ATTEMPT_WINDOW)
+METRICS_FOLD_FAILURES = _METRICS_ADD_FAILURES.format(where=_METRICS_JOB_WINDOW)
+METRICS_FOLD_KEPT = _METRICS_KEPT.format(sign="", where=_METRICS_JOB_WINDOW)
+METRICS_PRUNED_COMPLETIONS = _METRICS_ADD_COMPLETIONS.format(where=_METRICS_ATTEMPT_PRUNED)
+METRICS_PRUNED_DURATIONS = _METRICS_ADD_DURATIONS.format(where=_METRICS_ATTEMPT_PRUNED)
+METRICS_PRUNED_FAILURES = _METRICS_ADD_FAILURES.format(where=_METRICS_JOB_PRUNED)
+METRICS_PRUNED_KEPT = _METRICS_KEPT.format(sign="-", where="j.id = ANY(%(ids)s) AND j.finished_at < %(from)s")
+
+# The scrape's snapshot: one read-only REPEATABLE READ transaction, so every number is of one
+# moment (the first statement of the transaction), with the dashboard's planner settings for its rest.
+METRICS_SNAPSHOT_BEGIN = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+METRICS_SNAPSHOT_SESSION = "SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)"
+
+# %(mark)s: the fold mark the scrape read first in its snapshot (metrics.selectors), or -infinity
+# before any fold (then the tail is every row: still exact). A bound value, not a subquery: with
+# the mark unknown when the statement is planned, PostgreSQL guessed a third of the attempts past
+# it and hashed the whole job table (550 ms at 1M jobs, for a tail of 5,000 attempts).
+_METRICS_MARK = "%(mark)s::timestamptz"
+
+# The attempts that ended since the mark, in one pass that serves two families (the tallies are
+# read through the ORM and added in Python): ('completion', queue, kind, outcome, NULL, count,
+# NULL) and ('duration', NULL, kind, part, bucket, count, sum). One join of the tail to its jobs,
+# by primary key; attempt_finished_idx gives the tail as a range.
+METRICS_ATTEMPT_TAIL = (  # composed at import
+    "WITH t AS MATERIALIZED (\n"  # noqa: S608 - composed at import
+    "    SELECT j.queue, j.kind, a.outcome, a.started_at, a.finished_at, a.compute_seconds, a.db_wait_seconds,\n"
+    "           a.storage_wait_seconds\n"
+    "    FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id\n"
+    f"    WHERE a.finished_at >= {_METRICS_MARK} AND a.outcome IS NOT NULL\n"
+    ")\n"
+    "SELECT 'completion', queue, kind, outcome, NULL::int, count(*), NULL::float8 FROM t GROUP BY 2, 3, 4\n"
+    "UNION ALL\n"
+    f"SELECT 'duration', NULL, a.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)\n"
+    + _METRICS_DURATION_PARTS.replace("FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id", "FROM t a").format(
+        where="TRUE"
+    )
+    + "GROUP BY 3, 4, 5"
+)
+
+# Jobs that ended failed since the mark, by queue, kind and reason: an index-only range of
+# job_failed_finished_idx (migration 0019), which carries exactly these columns.
+METRICS_FAILURE_TAIL = f"""
+SELECT queue, kind, failure_reason, count(*) FROM workers_job
+WHERE state = 'failed' AND finished_at >= {_METRICS_MARK} AND failure_reason IS NOT NULL
+GROUP BY 1, 2, 3
+"""  # noqa: S608 - composed at import
+
+# Jobs by queue and state: the live states counted on their partial indexes (job_queued_due_idx
+# for queued: one index-only pass counts each queue, then per queue the not-yet-due entries (a
+# range past now: the due count is the rest, cheaper than testing every entry, 15 ms instead of
+# 18 at 200,000 queued) and the first due entry (the oldest due job: one descent)), running and
+# parked on job_live_idx (0019: state, queue, park_reason; index-only), the orphaned leases on
+# job_lease_expiry_idx; the finished ones are the kept tally plus the tail since the mark.
+METRICS_QUEUED = """
+SELECT g.queue, g.n, g.n - later.n, due.oldest
+FROM (SELECT queue, count(*) AS n FROM workers_job WHERE state = 'queued' AND scheduled_at IS NOT NULL GROUP BY queue) g
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM workers_job
+    WHERE state = 'queued' AND scheduled_at IS NOT NULL AND queue = g.queue AND scheduled_at > %(now)s
+) later
+CROSS JOIN LATERAL (
+    SELECT min(scheduled_at) AS oldest FROM workers_job
+    WHERE state = 'queued' AND scheduled_at IS NOT NULL AND queue = g.queue AND scheduled_at <= %(now)s
+) due
+"""
+METRICS_RUNNING_PARKED = """
+SELECT state, queue, park_reason, count(*) FROM workers_job WHERE state IN ('running', 'parked') GROUP BY 1, 2, 3
+"""
+METRICS_ORPHANED = "SELECT count(*) FROM workers_job WHERE state = 'running' AND lease_expires_at < %(now)s"
+METRICS_KEPT_TAIL = f"""
+SELECT queue, state, count(*) FROM workers_job
+WHERE finished_at >= {_METRICS_MARK} AND state IN ('succeeded', 'failed', 'cancelled')
+GROUP BY 1, 2
+"""  # noqa: S608 - composed at import
+
+# The newest finished attempt and settled operation: one descent of attempt_finished_idx and of
+# operation_settled_idx (migration 0019) each.
+METRICS_LAST_ENDS = """
+SELECT (SELECT max(finished_at) FROM workers_attempt WHERE finished_at IS NOT NULL),
+       (SELECT max(settled_at) FROM workers_operation WHERE settled_at IS NOT NULL)
+"""
+
+# Breaker trips: every breaker pause ever written (pauses are never pruned), by kind.
+METRICS_BREAKER_TRIPS = """
+SELECT target, count(*), count(*) FILTER (WHERE lifted_at IS NULL AND (expires_at IS NULL OR expires_at > now()))
+FROM workers_pause WHERE source = 'circuit_breaker' AND scope = 'kind'
+GROUP BY target
+"""
+
 # -- the hot statements' prepared forms (workers.prepared) ------------------------------------------
 
 # Django binds values on the client, so PostgreSQL parses, analyses and plans each statement anew

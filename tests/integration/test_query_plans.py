@@ -428,3 +428,42 @@ def _generic_plans_checked(served: list[str]) -> set[str]:
         )
         assert all(kind != "Seq Scan" for kind, _ in scans), (prepared.name, scans)
     return checked
+
+
+def test_the_metrics_scrapes_statements_read_only_index_ranges(seeded: None) -> None:
+    """The scrape's reads of the engine's tables (metrics.selectors): the live states on their
+    partial indexes, the finished ones only past the fold mark, bound as a value (planned as a
+    subquery it hashed the whole job table)."""
+    from metrics.services import NEGATED_BUCKETS
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now(), now() - interval '60 seconds'")
+        now, mark = cursor.fetchone()
+    tail = {"mark": mark.isoformat()}
+    # The queued count reads every queued row whichever way (here a third of the table: the
+    # planner may rightly scan it); its per-queue due range and oldest due job are index probes.
+    queued = job_scans(plan(engine_sql.METRICS_QUEUED, {"now": now}))
+    assert [index for _, index in queued].count("job_queued_due_idx") >= 2, queued
+    statements = {
+        "running and parked": (engine_sql.METRICS_RUNNING_PARKED, None),
+        "orphaned": (engine_sql.METRICS_ORPHANED, {"now": now}),
+        "kept tail": (engine_sql.METRICS_KEPT_TAIL, tail),
+        "failure tail": (engine_sql.METRICS_FAILURE_TAIL, tail),
+        "attempt tail": (engine_sql.METRICS_ATTEMPT_TAIL, {**tail, "negated": NEGATED_BUCKETS}),
+        "last ends": (engine_sql.METRICS_LAST_ENDS, None),
+    }
+    for what, (sql, params) in statements.items():
+        root = plan(sql, params)
+        scans = [
+            (n["Node Type"], n.get("Relation Name", ""), n.get("Index Name", "")) for n in nodes(root) if "Scan" in n["Node Type"]
+        ]
+        engine = [
+            s for s in scans if s[1].startswith("workers_") or s[2].startswith(("job_", "attempt_", "operation_", "workers_"))
+        ]
+        assert engine, (what, scans)
+        # Index-driven reads only (a bitmap heap scan fetches what its index scan found).
+        assert all(kind.startswith(("Index", "Bitmap")) for kind, _, _ in engine), (what, scans)
+    live = job_scans(plan(engine_sql.METRICS_RUNNING_PARKED))
+    assert {index for _, index in live} - {""} == {"job_live_idx"}, live
+    failed = job_scans(plan(engine_sql.METRICS_FAILURE_TAIL, tail))
+    assert {index for _, index in failed} - {""} == {"job_failed_finished_idx"}, failed

@@ -17,7 +17,7 @@ from koala.audit import AuditAction, record_audit
 from koala.models import AuditEvent
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("koala", "workers", "effects", "reviews", "exports", "console", "api", "devtools", "schedules")
+SHIPPED = ("koala", "workers", "effects", "reviews", "exports", "console", "api", "devtools", "schedules", "metrics")
 
 # The values audit rows carry since before the enum: stored rows, docs and dashboards name them.
 STORED_BEFORE_THE_ENUM = {

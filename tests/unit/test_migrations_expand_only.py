@@ -25,7 +25,9 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import NOT_PROVIDED
 
 # The apps whose migrations Koala ships (their labels).
-KOALA_APPS = {"koala", "workers", "effects", "reviews", "console", "exports", "api", "devtools", "flows", "traces", "schedules"}
+KOALA_APPS = {
+    "koala", "workers", "effects", "reviews", "console", "exports", "api", "devtools", "flows", "traces", "schedules", "metrics",
+}  # fmt: skip
 REMOVING = (
     migrations.RemoveField,
     migrations.DeleteModel,
