@@ -29,8 +29,6 @@ from typing import Any
 
 import yaml
 
-from tests.support.fleet import free_port
-
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 ALERTS_FILE = PROMETHEUS_DIR / "koala-alerts.yml"
@@ -144,6 +142,10 @@ class PrometheusServer:
     """One real Prometheus scraping one Koala target on loopback every second, rules loaded."""
 
     def __init__(self, tmp_path: Path, *, target_port: int, token: str, rule_files: Iterable[Path]) -> None:
+        # Here, not at the top: fleet imports the engine's models, which the unit tests of the
+        # deploy files (reading data only) have no need of.
+        from tests.support.fleet import free_port
+
         self.folder = tmp_path / "prometheus"
         self.folder.mkdir()
         self.port = free_port()
