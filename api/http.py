@@ -1,7 +1,9 @@
 """The API's HTTP edge: JSON bodies in, JSON errors out. Views parse with these and call services.
 
 Every refusal is an ``ApiError``: a status, a stable code and one line of text, answered as
-``{"error": code, "message": text}``. Nothing here touches the database.
+``{"error": code, "message": text}``. Nothing here touches the database; a refusal's code is
+told to the rejection counters (``workers.hooks.count_rejection``, as ``api_<code>``), which
+batch it (the metrics app).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
+
+from workers import hooks
 
 # The attribute a plain view carries when api/asgi.py may run it in the hub's thread pool
 # (api.views.runs.execute_call sets it on every job and run call).
@@ -29,6 +33,10 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def response(self) -> JsonResponse:
+        # A client's refusal is counted by its code; a lease rejection (409 lease_expired, …) was
+        # counted by name where the engine decided it, and a server error is no refusal.
+        if 400 <= self.status < 500 and self.status != 409:
+            hooks.count_rejection(f"api_{self.code}")
         answer = JsonResponse({"error": self.code, "message": self.message}, status=self.status)
         for name, value in self.headers.items():
             answer[name] = value

@@ -128,6 +128,10 @@ try:
     KOALA_STATUS_REVIEW_AGE_WARNING_SECONDS = env.number("KOALA_STATUS_REVIEW_AGE_WARNING_SECONDS", 3600.0, minimum=1.0)
     KOALA_STATUS_REVIEW_AGE_CRITICAL_SECONDS = env.number("KOALA_STATUS_REVIEW_AGE_CRITICAL_SECONDS", 43200.0, minimum=1.0)
     KOALA_STATUS_BUDGET_WARNING_FRACTION = env.number("KOALA_STATUS_BUDGET_WARNING_FRACTION", 0.8, minimum=0.01)
+    # GET /metrics (docs/metrics.md): scraped with "Authorization: Bearer <token>". Give it as
+    # KOALA_METRICS_TOKEN_FILE in production (both set, or an unreadable file, stops start-up).
+    # Empty: only loopback clients may scrape.
+    KOALA_METRICS_TOKEN = env.string("KOALA_METRICS_TOKEN", "").strip()
     # Where Koala writes files at run time (exports, collected static files): one folder, which a
     # deployment makes writable (deploy/systemd: StateDirectory=koala, /var/lib/koala); locally
     # .koala-data/ in the checkout, beside the embedded services' data.
@@ -266,6 +270,7 @@ INSTALLED_APPS = [
     "flows",
     "schedules",
     "api",
+    "metrics",
     "devtools",
 ]
 

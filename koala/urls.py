@@ -21,4 +21,6 @@ urlpatterns = [
     path("api/v1/", include("api.urls")),
     # /healthz and /readyz: unauthenticated probes, one word per check (workers/health.py).
     path("", include("workers.health")),
+    # GET /metrics: Prometheus' text format, behind a bearer token or loopback (docs/metrics.md).
+    path("", include("metrics.urls")),
 ]

@@ -22,6 +22,10 @@ registry, which each app fills in its ``AppConfig.ready``:
 - **tick tasks**: bounded housekeeping that ``koala_tick NAME`` runs once under a lease (started
   by a systemd timer: retention pruning, the exports' temporary-file sweep, a daily budget
   report); the task is handed a ``TickLease`` to check between its bounded steps;
+- **rejection counters**: told the name of every named refusal the engine or the API makes (a
+  stale lease's ``lease_expired``, a budget's ``budget_exhausted``, an API call's ``api_forbidden``)
+  so an app can count them (``metrics`` keeps the tallies); with none registered it costs a dict
+  lookup;
 - **retention**: asked, inside each prune batch's transaction (``workers.services.retention``),
   which of the finished jobs about to be deleted must stay (a workflow's live run, an unsettled
   export, an open review), then told which go, to delete or detach the app's own rows that
@@ -179,6 +183,7 @@ _span_sinks: dict[str, SpanSink] = {}
 _span_parents: dict[str, SpanParents] = {}
 _review_gate: ReviewGate | None = None
 _retention: dict[str, Retention] = {}
+_rejection_counters: dict[str, Callable[[str], None]] = {}
 
 
 # The beat's own steps (workers.services.maintenance.beat_tick), each with its BeatTask row: an
@@ -314,6 +319,22 @@ def retention_forget(job_ids: Sequence[int]) -> dict[str, int]:
         if part.forget is not None and job_ids:
             touched[part.name] = part.forget(job_ids)
     return touched
+
+
+def register_rejection_counter(name: str, counter: Callable[[str], None]) -> None:
+    """``counter(reason)``, called where a named refusal is made, possibly inside a transaction
+    that then rolls back. It must be cheap and must never raise into the engine."""
+    _rejection_counters[name] = counter
+
+
+def unregister_rejection_counter(name: str) -> None:
+    _rejection_counters.pop(name, None)
+
+
+def count_rejection(reason: str) -> None:
+    """Tell the counters of one named refusal (a closed set of names, never free text)."""
+    for counter in list(_rejection_counters.values()):
+        counter(reason)
 
 
 def register_review_gate(gate: ReviewGate) -> None:

@@ -418,6 +418,7 @@ class _Ledger:
             raise self._request_review(*gate) from None
         except BudgetExhausted as exc:
             self._on_exhausted(exc)
+            hooks.count_rejection("budget_exhausted")
             raise Park(ParkReason.BUDGET, exc.detail, exc.parked_on) from None
         # Re-check (and renew) the lease between the in-flight COMMIT and the call: the commit's
         # reply may have arrived late (a stall, a partition that healed), after the job was

@@ -455,6 +455,8 @@ class Operation(models.Model):
             ),
             # The dashboard's overshoot list: a handful of rows, newest first.
             models.Index(fields=["-settled_at"], condition=Q(overshoot_minor__gt=0), name="operation_overshoot_idx"),
+            # The metrics endpoint's last completed operation: max(settled_at), one descent (0019).
+            models.Index(fields=["settled_at"], condition=Q(settled_at__isnull=False), name="operation_settled_idx"),
         ]
         ordering = ["job_id", "id"]
 

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from koala import redaction
-from workers import doorbell, kinds, outcomes, transitions
+from workers import doorbell, hooks, kinds, outcomes, transitions
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
 from workers.models import Delivery
@@ -212,6 +212,7 @@ class WorkerRuntime:
         if stop and self.current is ctx:
             log.warning("job %s attempt %s: a stop pause covers it; cancelling the body", ctx.job_id, ctx.attempt)
             ctx.paused = True
+            hooks.count_rejection("paused")  # a stop pause refuses the running body
             ctx.cancelled.set()
             ctx.pause_stop_at = time.monotonic() + float(settings.KOALA_HEARTBEAT_SECONDS)
             self._rearm()

@@ -1164,6 +1164,183 @@ ON CONFLICT (attempt_id, span_id) DO NOTHING
 """
 
 
+# -- Prometheus metrics (metrics.services: the fold; metrics.selectors: the scrape) ----------------
+#
+# A counter is its tally (metrics_*tally, what the fold passed) plus the engine's rows finished at
+# or after the fold mark (metrics_foldmark.folded_before): the fold adds [mark, horizon) and moves
+# the mark to the horizon in one transaction, so each row is counted once, whenever it is read.
+# The tail the scrape adds is what finished since the last fold (a beat interval or two), read by
+# range on attempt_finished_idx / job_finished_cover_idx, whatever the tables hold.
+
+# The newest time before which every attempt or job end is committed: the start of the oldest
+# transaction still open (an end's finished_at is its transaction's now(), set at or after its
+# start, so nothing still uncommitted can land before it), less a margin for the few ends
+# stamped by the application's clock (timezone.now()). The fold's own session is left out.
+METRICS_FOLD_HORIZON = """
+SELECT LEAST(
+    statement_timestamp(),
+    COALESCE(
+        (SELECT min(xact_start) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL),
+        'infinity'
+    )
+) - make_interval(secs => %(margin)s)
+"""
+
+# The mark's first row: before every end on record (or now, with nothing finished yet).
+METRICS_MARK_CREATE = """
+INSERT INTO metrics_foldmark (name, folded_before, folded_at)
+VALUES (%(name)s, COALESCE(LEAST((SELECT min(finished_at) FROM workers_attempt WHERE finished_at IS NOT NULL),
+                                 (SELECT min(finished_at) FROM workers_job WHERE finished_at IS NOT NULL)), now()), now())
+ON CONFLICT (name) DO NOTHING
+"""
+
+# Which rows a fold or the retention hook adds: a window of finished_at, or the pruned jobs' rows
+# not folded yet. Each tally statement below is composed with both, once, at import.
+_METRICS_ATTEMPT_WINDOW = "a.finished_at >= %(from)s AND a.finished_at < %(upto)s"
+_METRICS_ATTEMPT_PRUNED = "a.job_id = ANY(%(ids)s) AND a.finished_at >= %(from)s"
+_METRICS_JOB_WINDOW = "j.finished_at >= %(from)s AND j.finished_at < %(upto)s"
+_METRICS_JOB_PRUNED = "j.id = ANY(%(ids)s) AND j.finished_at >= %(from)s"
+
+_METRICS_ADD_COMPLETIONS = """
+INSERT INTO metrics_completiontally (queue, kind, outcome, count)
+SELECT j.queue, j.kind, a.outcome, count(*)
+FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+WHERE {where} AND a.outcome IS NOT NULL
+GROUP BY 1, 2, 3
+ON CONFLICT (queue, kind, outcome) DO UPDATE SET count = metrics_completiontally.count + EXCLUDED.count
+"""
+
+# The parts of an attempt's duration, each a row (NULL parts are left out): total by the
+# database's clock from start to end; compute, database and storage wait as its worker reported.
+# An unservable attempt ran no body and is no duration. bucket = how many bounds lie below the
+# value: the index of the first bound at or above it (Prometheus' le), len(bounds) for +Inf.
+_METRICS_DURATION_PARTS = """
+FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+CROSS JOIN LATERAL (VALUES
+    ('total', extract(epoch FROM a.finished_at - a.started_at)::float8),
+    ('compute', a.compute_seconds),
+    ('database_wait', a.db_wait_seconds),
+    ('storage_wait', a.storage_wait_seconds)
+) AS p(part, seconds)
+WHERE {where} AND a.outcome IS NOT NULL AND a.outcome <> 'unservable' AND p.seconds IS NOT NULL
+"""
+_METRICS_BUCKET = "(SELECT count(*) FROM unnest(%(bounds)s::float8[]) AS b(le) WHERE b.le < p.seconds)"
+_METRICS_ADD_DURATIONS = (
+    "INSERT INTO metrics_durationtally (kind, part, bucket, count, total)\n"
+    f"SELECT j.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)" + _METRICS_DURATION_PARTS + "GROUP BY 1, 2, 3\n"
+    "ON CONFLICT (kind, part, bucket) DO UPDATE SET count = metrics_durationtally.count + EXCLUDED.count,\n"
+    "    total = metrics_durationtally.total + EXCLUDED.total"
+)
+
+_METRICS_ADD_FAILURES = """
+INSERT INTO metrics_failuretally (queue, kind, reason, count)
+SELECT j.queue, j.kind, j.failure_reason, count(*)
+FROM workers_job j
+WHERE {where} AND j.state = 'failed' AND j.failure_reason IS NOT NULL
+GROUP BY 1, 2, 3
+ON CONFLICT (queue, kind, reason) DO UPDATE SET count = metrics_failuretally.count + EXCLUDED.count
+"""
+
+# Finished jobs kept: the fold adds the window's; the retention hook takes off the pruned jobs
+# the fold had added (finished before the mark), as negative counts.
+_METRICS_KEPT = """
+INSERT INTO metrics_keptjobtally (queue, state, count)
+SELECT j.queue, j.state, {sign} count(*)
+FROM workers_job j
+WHERE {where} AND j.state IN ('succeeded', 'failed', 'cancelled')
+GROUP BY 1, 2
+ON CONFLICT (queue, state) DO UPDATE SET count = metrics_keptjobtally.count + EXCLUDED.count
+"""
+
+METRICS_FOLD_COMPLETIONS = _METRICS_ADD_COMPLETIONS.format(where=_METRICS_ATTEMPT_WINDOW)
+METRICS_FOLD_DURATIONS = _METRICS_ADD_DURATIONS.format(where=_METRICS_ATTEMPT_WINDOW)
+METRICS_FOLD_FAILURES = _METRICS_ADD_FAILURES.format(where=_METRICS_JOB_WINDOW)
+METRICS_FOLD_KEPT = _METRICS_KEPT.format(sign="", where=_METRICS_JOB_WINDOW)
+METRICS_PRUNED_COMPLETIONS = _METRICS_ADD_COMPLETIONS.format(where=_METRICS_ATTEMPT_PRUNED)
+METRICS_PRUNED_DURATIONS = _METRICS_ADD_DURATIONS.format(where=_METRICS_ATTEMPT_PRUNED)
+METRICS_PRUNED_FAILURES = _METRICS_ADD_FAILURES.format(where=_METRICS_JOB_PRUNED)
+METRICS_PRUNED_KEPT = _METRICS_KEPT.format(sign="-", where="j.id = ANY(%(ids)s) AND j.finished_at < %(from)s")
+
+# The scrape's snapshot: one read-only REPEATABLE READ transaction, so every number is of one
+# moment (the first statement of the transaction; SET LOCAL's planner settings as the dashboard's).
+METRICS_SNAPSHOT_BEGIN = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+METRICS_SNAPSHOT_SESSION = "SET LOCAL jit = off"
+
+# The fold mark, or -infinity before any fold (then the tail is every row: still exact).
+# (The scrape reads the mark's row itself through the ORM: metrics.selectors.)
+_METRICS_MARK = "COALESCE((SELECT folded_before FROM metrics_foldmark WHERE name = 'engine'), '-infinity')"
+
+# Attempts that ended, by queue, kind and outcome: tally + the tail since the mark.
+METRICS_COMPLETIONS = f"""
+SELECT queue, kind, outcome, sum(n)::bigint FROM (
+    SELECT queue, kind, outcome, count AS n FROM metrics_completiontally
+    UNION ALL
+    SELECT j.queue, j.kind, a.outcome, count(*)
+    FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
+    WHERE a.finished_at >= {_METRICS_MARK} AND a.outcome IS NOT NULL
+    GROUP BY 1, 2, 3
+) t GROUP BY 1, 2, 3
+"""  # noqa: S608 - composed at import
+
+METRICS_FAILURES = f"""
+SELECT queue, kind, reason, sum(n)::bigint FROM (
+    SELECT queue, kind, reason, count AS n FROM metrics_failuretally
+    UNION ALL
+    SELECT j.queue, j.kind, j.failure_reason, count(*)
+    FROM workers_job j
+    WHERE j.finished_at >= {_METRICS_MARK} AND j.state = 'failed' AND j.failure_reason IS NOT NULL
+    GROUP BY 1, 2, 3
+) t GROUP BY 1, 2, 3
+"""  # noqa: S608 - composed at import
+
+METRICS_DURATIONS = (  # composed at import
+    "SELECT kind, part, bucket, sum(n)::bigint, sum(s)::float8 FROM (\n"  # noqa: S608 - composed at import
+    "    SELECT kind, part, bucket, count AS n, total AS s FROM metrics_durationtally\n"
+    "    UNION ALL\n"
+    f"    SELECT j.kind, p.part, {_METRICS_BUCKET}, count(*), sum(p.seconds)"
+    + _METRICS_DURATION_PARTS.format(where=f"a.finished_at >= {_METRICS_MARK}")
+    + "    GROUP BY 1, 2, 3\n"
+    ") t GROUP BY 1, 2, 3"
+)
+
+# Jobs by queue and state: the live states counted on their partial indexes (job_queued_due_idx
+# for queued: its count, its due count and oldest due time in one index-only pass; running and
+# parked are small), the finished ones from the kept tally plus the tail since the mark.
+METRICS_QUEUED = """
+SELECT queue, count(*), count(*) FILTER (WHERE scheduled_at <= %(now)s), min(scheduled_at) FILTER (WHERE scheduled_at <= %(now)s)
+FROM workers_job WHERE state = 'queued' AND scheduled_at IS NOT NULL
+GROUP BY queue
+"""
+METRICS_RUNNING_PARKED = """
+SELECT queue, state, park_reason, count(*), count(*) FILTER (WHERE state = 'running' AND lease_expires_at < %(now)s)
+FROM workers_job WHERE state IN ('running', 'parked')
+GROUP BY 1, 2, 3
+"""
+METRICS_KEPT = f"""
+SELECT queue, state, sum(n)::bigint FROM (
+    SELECT queue, state, count AS n FROM metrics_keptjobtally
+    UNION ALL
+    SELECT j.queue, j.state, count(*) FROM workers_job j
+    WHERE j.finished_at >= {_METRICS_MARK} AND j.state IN ('succeeded', 'failed', 'cancelled')
+    GROUP BY 1, 2
+) t GROUP BY 1, 2
+"""  # noqa: S608 - composed at import
+
+# The newest finished attempt and settled operation: one descent of attempt_finished_idx and of
+# operation_settled_idx (migration 0019) each.
+METRICS_LAST_ENDS = """
+SELECT (SELECT max(finished_at) FROM workers_attempt WHERE finished_at IS NOT NULL),
+       (SELECT max(settled_at) FROM workers_operation WHERE settled_at IS NOT NULL)
+"""
+
+# Breaker trips: every breaker pause ever written (pauses are never pruned), by kind.
+METRICS_BREAKER_TRIPS = """
+SELECT target, count(*), count(*) FILTER (WHERE lifted_at IS NULL AND (expires_at IS NULL OR expires_at > now()))
+FROM workers_pause WHERE source = 'circuit_breaker' AND scope = 'kind'
+GROUP BY target
+"""
+
 # -- the hot statements' prepared forms (workers.prepared) ------------------------------------------
 
 # Django binds values on the client, so PostgreSQL parses, analyses and plans each statement anew

@@ -72,7 +72,14 @@ def rejection_for(*, job_id: int, lease_token: int, reporting: str | None = None
 
     ``reporting`` is the outcome the attempt tried to record; if exactly that is already
     stored for this attempt, the repeat is ``already_recorded`` (the worker treats it as done).
+    The rejection counters (``workers.hooks.count_rejection``) are told its name.
     """
+    rejection = _rejection_for(job_id=job_id, lease_token=lease_token, reporting=reporting)
+    hooks.count_rejection(rejection.value)
+    return rejection
+
+
+def _rejection_for(*, job_id: int, lease_token: int, reporting: str | None) -> Rejection:
     with connection.cursor() as cursor:
         cursor.execute(sql.REJECTION_FOR, [lease_token, job_id])
         row = cursor.fetchone()

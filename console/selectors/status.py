@@ -1,9 +1,9 @@
 """``koala_status``'s checks: one verdict per thing an operator is paged for (R3, R7).
 
-Each check reads what the dashboard reads (console.selectors.dashboard, the beat's own
-selector, the review queue) and judges it against the KOALA_STATUS_* thresholds: ``ok``,
+Each check reads what the dashboard reads (the engine's worker, budget and beat selectors,
+the review queue) and judges it against the KOALA_STATUS_* thresholds: ``ok``,
 ``warning`` or ``critical``. It is here, in the console's layer, because it reads the reviews
-app and the dashboard's worker health, both above the engine. Reads only.
+app, which sits above the engine. Reads only.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from django.conf import settings
 from django.db.models import Min
 from django.utils import timezone
 
-from console.selectors.dashboard import budget_bars, oldest_due, queue_pauses, worker_health
 from reviews.models import ReviewRequest, ReviewState
 from workers.models import Attempt, Outcome, PauseSource
 from workers.selectors.beat import beat_health
+from workers.selectors.budgets import budget_bars
+from workers.selectors.workers import oldest_due, queue_pauses, worker_health
 from workers.services.pauses import active_pauses
 
 

@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from console.forms import LIMIT_FIELDS, BudgetCreateForm, BudgetLimitsForm, PriceForm
 from console.roles import OPERATE, VIEW, actor, page
-from console.selectors.dashboard import budget_bars
 from console.views.base import render_console
 from workers.models import Budget, ModelPrice
+from workers.selectors.budgets import budget_bars
 from workers.services.budgets import create_budget, set_model_price, update_budget
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from console.selectors.dashboard import worker_health
 from tests.conftest import wait_for
 from tests.support.fleet import wait_exit, wait_start, wait_workers_ready
 from workers.models import WorkerExit, WorkerProcess
+from workers.selectors.workers import worker_health
 from workers.services.jobs import enqueue
 
 # transaction=True: real worker and beat subprocesses read and write these rows on their own connections.

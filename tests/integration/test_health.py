@@ -16,7 +16,6 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from console.selectors.dashboard import _local_day
 from devtools.sandbox.provider import FakeProvider
 from reviews.models import ReviewRequest
 from tests.integration.test_console_reads_write_nothing import writes
@@ -24,6 +23,7 @@ from tests.support.console_scenarios import pending_review
 from tests.support.fleet import free_port
 from workers import doorbell
 from workers.models import BeatTask, BudgetUsage, Job, WorkerProcess
+from workers.selectors.budgets import local_day
 from workers.selectors.health import _leaf_migrations
 from workers.services.budgets import create_budget
 from workers.services.jobs import enqueue
@@ -136,7 +136,7 @@ def test_status_is_critical_for_a_stuck_worker_an_exhausted_budget_and_a_stale_b
     beat_tick()
     BeatTask.objects.filter(name="reap").update(last_succeeded_at=now - dt.timedelta(hours=1))
     budget = create_budget(name="daily", scope="global", spend_limit_minor=1000, actor="setup")
-    BudgetUsage.objects.create(budget=budget, period=_local_day(budget, now), spent_minor=1000)
+    BudgetUsage.objects.create(budget=budget, period=local_day(budget, now), spent_minor=1000)
     job = enqueue(kind="noop", input={})
     Job.objects.filter(pk=job.job_id).update(scheduled_at=now - dt.timedelta(minutes=20))
     WorkerProcess.objects.create(

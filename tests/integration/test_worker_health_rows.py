@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from console.selectors.dashboard import worker_health
 from workers.models import WorkerExit, WorkerProcess
+from workers.selectors.workers import worker_health
 
 pytestmark = pytest.mark.django_db
 

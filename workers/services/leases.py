@@ -24,7 +24,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from koala.redaction import redact_text
-from workers import kinds, sql, transitions
+from workers import hooks, kinds, sql, transitions
 from workers.errors import Rejection
 from workers.models import ParkReason, Scope
 from workers.services import budgets, pauses
@@ -129,6 +129,7 @@ def _claim(statement: str, params: dict[str, Any], *, gated: bool) -> Lease | No
     except BudgetExhausted as exc:
         exhausted = exc
     if exhausted is not None and lease is not None:
+        hooks.count_rejection("budget_exhausted")  # refused at claim: the job parks, unstarted
         park_queued(job_id=lease.job_id, reason=ParkReason.BUDGET, detail=exhausted.detail, parked_on=exhausted.parked_on)
         return None
     return lease
