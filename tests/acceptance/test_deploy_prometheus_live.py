@@ -13,6 +13,7 @@ panel's query evaluates without error.
 from __future__ import annotations
 
 import http.client
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.support.api_server import ApiServer
 from tests.support.fleet import wait_workers_ready
 from tests.support.prometheus import (
     ALERTS_FILE,
+    CONTRACT_METRICS,
     RUNBOOK,
     THRESHOLDS_FILE,
     PrometheusServer,
@@ -108,6 +110,10 @@ def test_prometheus_scrapes_koala_evaluates_the_rules_and_every_panel(
         assert scrape(koala, None)[0] in (401, 403)
         status, body = scrape(koala, TOKEN)
         assert status == 200 and "koala_up 1.0" in body, body[:2000]
+        # Every name the rules and the dashboard may read (the contract) is served, as its kind.
+        typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", body, re.M))
+        missing = {name: kind for name, kind in CONTRACT_METRICS.items() if typed.get(name) != kind}
+        assert not missing, f"served as {[(name, typed.get(name)) for name in missing]}, the contract says {missing}"
 
         worker = processes.worker("--name", "prom-w")
         wait_workers_ready([worker])
