@@ -58,9 +58,10 @@ class Folded:
         return f"upto={self.upto:%Y-%m-%dT%H:%M:%S} completion_rows={self.completions} rejections={self.rejections}"
 
 
-def fold() -> Folded:
-    """Move every attempt and job that finished between the mark and the horizon into the tallies,
-    and the rejection events into theirs; the mark moves to the horizon. One transaction."""
+def fold(*, until: dt.datetime | None = None) -> Folded:
+    """Move every attempt and job that finished between the mark and the horizon (or ``until``, if
+    earlier) into the tallies, and the rejection events into theirs; the mark moves there. One
+    transaction."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql.METRICS_MARK_CREATE, {"name": MARK})
         # Locked for this fold; a second beat's fold skips it (it would only fold the same window).
@@ -70,6 +71,8 @@ def fold() -> Folded:
         start = mark.folded_before
         cursor.execute(sql.METRICS_FOLD_HORIZON, {"margin": HORIZON_MARGIN_SECONDS})
         (upto,) = cursor.fetchone()
+        if until is not None:
+            upto = min(upto, until)
         if upto <= start:
             return Folded(folded=True, upto=start, rejections=_fold_rejections())
         window = {"from": start, "upto": upto, "bounds": list(BUCKETS)}

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from metrics import auth, exposition
+from metrics import auth, exposition, services
 from metrics.selectors import Snapshot, snapshot
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         )
     started = time.perf_counter()
     try:
+        # This process's own pending rejections first (the API's refusals met in async code wait
+        # for a sync moment to be written: this is one).
+        services.flush_rejections()
         snap, up = snapshot(), True
     except DatabaseError as exc:
         log.warning("metrics: the database did not answer the scrape (%s)", type(exc).__name__)
