@@ -20,6 +20,8 @@ import json
 import os
 import secrets
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +101,7 @@ def secret_values(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         "secret_key": secrets.token_urlsafe(50),
         "payments_api_key": "pay-" + secrets.token_urlsafe(24),
         "models_api_key": "mod-" + secrets.token_urlsafe(24),
+        "metrics_token": "met-" + secrets.token_urlsafe(24),
         "database_url": database_url_for_subprocess(),
     }
     for name, value in values.items():
@@ -143,6 +146,16 @@ def test_koala_runs_with_its_secrets_only_in_files_and_shows_none_of_them(
         # The image's HEALTHCHECK, as Docker runs it in the web's container.
         probe = subprocess.run([PYTHON, READYZ], env=web.env, capture_output=True, text=True, timeout=30, check=False)
         assert (probe.returncode, probe.stdout.strip()) == (0, "readyz: 200; database ok; redis ok; migrations ok"), probe
+        # /metrics wants the token read from its file: refused without it, served with it.
+        # (The Host a proxy would forward, as readyz.py sends it; 127.0.0.1 is not an allowed host.)
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        host = {"Host": web.env["ALLOWED_HOSTS"].split(",")[0], "X-Forwarded-Proto": "https"}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(metrics, headers=host), timeout=30)
+        assert refused.value.code == 401
+        asked = urllib.request.Request(metrics, headers={**host, "Authorization": f"Bearer {values['metrics_token']}"})
+        with urllib.request.urlopen(asked, timeout=30) as answer:
+            assert answer.status == 200 and b"koala_up 1" in answer.read()
 
         # A job that works, and a body that logs and raises with the secrets in its text.
         ok = int(worker.run("manage", "koala_enqueue", "noop", "--input", "{}").stdout.strip())

@@ -150,6 +150,9 @@ class Host:
         # provider is configured (an empty key is an unset one).
         for name in PROVIDER_CREDENTIALS:
             (self.config / "credentials" / name).write_text("")
+        # The web's bearer token for /metrics, random as the install writes it.
+        self.metrics_token = secrets.token_urlsafe(32)
+        (self.config / "credentials" / "metrics_token").write_text(self.metrics_token + "\n")
         self.env_file = self.config / "koala.env"
         example = read_env_file(ENV_EXAMPLE)
         unknown = set(env_overrides) - set(example)

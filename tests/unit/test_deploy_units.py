@@ -124,12 +124,16 @@ def test_every_service_runs_as_koala_confined_with_its_environment_and_secret(na
 def test_every_service_loads_the_secret_key_and_only_the_workers_load_provider_keys(name: str) -> None:
     unit = units()[name]
     worker = name == "koala-worker@.service"
+    # Only the web serves /metrics: only it loads the scrape's bearer token.
+    web = name == "koala-web.service"
     expected = [SECRET_KEY_CREDENTIAL] + [f"{c}:/etc/koala/credentials/{c}" for c in PROVIDER_CREDENTIALS if worker]
+    expected += ["metrics_token:/etc/koala/credentials/metrics_token"] if web else []
     assert unit.values("Service", "LoadCredential") == expected
     files = {e.partition("=")[0]: e.partition("=")[2] for e in unit.values("Service", "Environment") if "_FILE=" in e}
     assert files == {
         "SECRET_KEY_FILE": "%d/secret_key",
         **({f"{setting}_FILE": f"%d/{c}" for c, setting in PROVIDER_SETTINGS.items()} if worker else {}),
+        **({"KOALA_METRICS_TOKEN_FILE": "%d/metrics_token"} if web else {}),
     }, "each credential is read by Koala through NAME_FILE, from the credentials folder (%d)"
 
 
