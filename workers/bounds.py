@@ -85,7 +85,9 @@ def check_limit(owner: str, name: str, value: Any) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}: {name} must be a whole number ≥ 0 (0: no ceiling) or None (the setting's default), not {value!r}")
+        raise ValueError(
+            f"{owner}: {name} must be a whole number ≥ 0 (0: no ceiling) or None (the setting's default), not {value!r}"
+        )
 
 
 def describe(limit: Limit, limits: Limits) -> str:

@@ -37,7 +37,9 @@ A ceiling breach (``OverLimit``: the body raised MemoryError or was told SIGXCPU
 ceiling, or its work horse died of one and the parent saw it; workers.bounds) is retryable by
 default: a bigger input or a busy host may fit next time, and the attempt budget bounds it. Its
 last failure keeps its name (``memory_limit`` / ``cpu_limit``, not ``attempts_exhausted``), and
-the circuit breaker counts it as a crash. One retry rule serves every failure (``_retry_or_fail``): a retryable failure retries while the
+the circuit breaker counts it as a crash.
+
+One retry rule serves every failure (``_retry_or_fail``): a retryable failure retries while the
 job has attempts left, after its own retry-after or the kind's backoff, and ends
 ``attempts_exhausted`` after; anything else fails with its reason at once. One naming rule serves
 every error (``error_class_of``): an RQ body's ``TerminalFailure(code=…)`` and the same failure
