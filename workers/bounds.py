@@ -140,7 +140,10 @@ def cause_of_death(written: Written, status: int | None, cpu_used: float | None)
     signaled = os.WIFSIGNALED(status)
     sig = os.WTERMSIG(status) if signaled else 0
     if written.limits.cpu_seconds and signaled and sig in (signal.SIGKILL, signal.SIGXCPU):
-        if sig == signal.SIGXCPU or (cpu_used is not None and cpu_used >= written.cpu_hard - 0.5):
+        # The rusage figure runs a little behind the kernel's own count (sampled ticks), so the
+        # test is "past the soft limit": a SIGKILL from elsewhere (an operator, the OOM killer)
+        # before the allowance was used up is not the ceiling's.
+        if sig == signal.SIGXCPU or (cpu_used is not None and cpu_used >= written.cpu_hard - CPU_GRACE_SECONDS):
             return Limit.CPU
     if written.limits.memory_mb and (signaled or os.WEXITSTATUS(status) != 0):
         return Limit.MEMORY  # a native allocation past RLIMIT_DATA that the code could not survive

@@ -389,11 +389,21 @@ class WorkerRuntime:
                         # never started, and now it never will here.
                         log.warning("job %s: lease lost while waiting in the batch; not started", lease.job_id)
                         continue
+                if self._last_in_horse(lease):
+                    # A CPU-limited attempt is the last this work horse runs (workers.bounds): give
+                    # back the batch's waiting jobs and write its completions first, so a horse the
+                    # hard limit kills leaves neither to the reaper.
+                    self._give_back_waiting()
+                    self._flush()
                 self.run(lease)
                 ran += 1
         finally:
             self._in_batch = False
         return ran
+
+    def _last_in_horse(self, lease: Lease) -> bool:
+        kind = kinds.get(lease.kind, lease.version)
+        return get_bounds().enforcing and kind is not None and not kind.remote and bounds.limits_for(kind).cpu_seconds > 0
 
     def _give_back_waiting(self) -> None:
         """Leases of the batch that never started (shutdown, an error): back to the queue, no attempt used."""
@@ -523,6 +533,10 @@ def deliver(job_id: int, version: int) -> int:
     return runtime.drain(first_job_id=job_id, origin_queue=origin)
 
 
+# The most of an error's message an outcome line carries (the attempt row keeps it whole).
+OUTCOME_ERROR_CHARS = 200
+
+
 def _log_outcome(
     lease: Lease,
     decision: outcomes.Decision,
@@ -539,15 +553,16 @@ def _log_outcome(
     report = report or Report()
     outcome = transitions.outcome_of(decision) or "discarded"
     reason = ""
+    error = ""
     level = logging.INFO
     match decision:
         case outcomes.Complete():
             said = f"succeeded in {_took(elapsed)}"
-        case outcomes.RetryLater(delay_seconds=delay, error_class=error_class):
-            reason = error_class
+        case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
+            reason, error = error_class, message
             said = f"failed in {_took(elapsed)} ({error_class}); retry in {delay:.1f} s"
-        case outcomes.Fail(reason=failure, error_class=error_class):
-            reason = str(failure)
+        case outcomes.Fail(reason=failure, error_class=error_class, message=message):
+            reason, error = str(failure), message
             level = logging.WARNING
             said = f"failed in {_took(elapsed)}: {failure} ({error_class})"
         case outcomes.Park(reason=parked, detail=detail):
@@ -580,15 +595,18 @@ def _log_outcome(
         f"compute {_took(report.compute_seconds)}, db wait {_took(report.db_wait_seconds)}, "
         f"storage wait {_took(report.storage_wait_seconds)}"
     )
+    # The error's message (already masked by decide), bounded: a line stays a line.
+    error = error if len(error) <= OUTCOME_ERROR_CHARS else error[: OUTCOME_ERROR_CHARS - 1] + "…"
     log.log(
         level,
-        "job %s (%s, attempt %s, queue %s) %s [%s]",
+        "job %s (%s, attempt %s, queue %s) %s [%s]%s",
         lease.job_id,
         lease.kind,
         lease.attempts,
         lease.queue,
         said,
         timings,
+        f": {error}" if error else "",
         extra={
             "event": "attempt_outcome",
             "job_id": lease.job_id,
@@ -598,6 +616,7 @@ def _log_outcome(
             "queue": lease.queue,
             "outcome": outcome,
             "reason": reason,
+            "error": error,
             "total_seconds": round(elapsed, 6),
             "compute_seconds": round(report.compute_seconds, 6),
             "db_wait_seconds": round(report.db_wait_seconds, 6),
