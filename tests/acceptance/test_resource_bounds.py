@@ -52,7 +52,13 @@ def settled(job_id: int, processes: Processes, timeout: float = 60.0) -> Job:
 
 
 def attempts(job_id: int) -> list[dict[str, Any]]:
-    return list(Attempt.objects.filter(job_id=job_id).order_by("id").values("outcome", "error_class", "error_message", "worker_id"))
+    return list(
+        Attempt.objects.filter(job_id=job_id).order_by("id").values("outcome", "error_class", "error_message", "worker_id")
+    )
+
+
+def ends(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(a["outcome"], a["error_class"]) for a in rows]
 
 
 def assert_next_job_served_by_the_same_worker(tmp_path: Path, processes: Processes) -> None:
@@ -74,7 +80,10 @@ def test_an_allocation_past_the_memory_ceiling_is_named_retried_and_the_worker_s
     assert job.state == JobState.FAILED
     assert job.failure_reason == FailureReason.MEMORY_LIMIT
     rows = attempts(job_id)
-    assert [(a["outcome"], a["error_class"]) for a in rows] == [("retry", "MemoryLimitExceeded"), ("failed", "MemoryLimitExceeded")]
+    assert [(a["outcome"], a["error_class"]) for a in rows] == [
+        ("retry", "MemoryLimitExceeded"),
+        ("failed", "MemoryLimitExceeded"),
+    ]
     assert "memory ceiling of 64 MiB" in rows[0]["error_message"]
     assert all(a["worker_id"] == NAME for a in rows)
     assert len(effect_lines(log)) == 2  # the body ran once per attempt: the retry policy (max_attempts=2)
@@ -94,7 +103,7 @@ def test_a_spin_past_the_cpu_ceiling_is_told_by_sigxcpu_named_and_retried(tmp_pa
     assert job.state == JobState.FAILED
     assert job.failure_reason == FailureReason.CPU_LIMIT
     rows = attempts(job_id)
-    assert [(a["outcome"], a["error_class"]) for a in rows] == [("retry", "CpuLimitExceeded"), ("failed", "CpuLimitExceeded")]
+    assert ends(rows) == [("retry", "CpuLimitExceeded"), ("failed", "CpuLimitExceeded")]
     assert rows[0]["error_message"] == "the attempt went past its CPU-time ceiling of 1 s"  # told: not killed
     assert len(effect_lines(log)) == 2
     assert_next_job_served_by_the_same_worker(tmp_path, processes)
@@ -113,7 +122,7 @@ def test_a_horse_killed_at_the_cpu_hard_limit_is_named_by_its_parent(tmp_path: P
     assert job.state == JobState.FAILED
     assert job.failure_reason == FailureReason.CPU_LIMIT
     rows = attempts(job_id)
-    assert [(a["outcome"], a["error_class"]) for a in rows] == [("retry", "CpuLimitExceeded"), ("failed", "CpuLimitExceeded")]
+    assert ends(rows) == [("retry", "CpuLimitExceeded"), ("failed", "CpuLimitExceeded")]
     assert all(a["error_message"].endswith("; the work horse was killed") for a in rows), rows
     pids = {line[3] for line in effect_lines(log)}
     assert len(pids) == 2  # each attempt in its own horse: the first one died
@@ -129,7 +138,10 @@ def test_a_horse_that_aborts_on_a_failed_native_allocation_is_named_by_its_paren
     assert job.state == JobState.FAILED
     assert job.failure_reason == FailureReason.MEMORY_LIMIT
     rows = attempts(job_id)
-    assert [(a["outcome"], a["error_class"]) for a in rows] == [("retry", "MemoryLimitExceeded"), ("failed", "MemoryLimitExceeded")]
+    assert [(a["outcome"], a["error_class"]) for a in rows] == [
+        ("retry", "MemoryLimitExceeded"),
+        ("failed", "MemoryLimitExceeded"),
+    ]
     assert all(a["error_message"].endswith("; the work horse was killed") for a in rows), rows
     assert_next_job_served_by_the_same_worker(tmp_path, processes)
 
