@@ -310,11 +310,11 @@ class WorkerRuntime:
         """Record an attempt's end through the one transition writer, retried through a dropped
         connection, each rejection handled by name; then its one outcome line (``_log_outcome``)."""
         if transitions.outcome_of(decision) is None:  # Discard: nothing this attempt says counts
-            _log_outcome(lease, decision, report, elapsed=elapsed)
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed)
             return None
         answers = self._write([transitions.Ending(decision, lease, report)])
         if answers is None:
-            _log_outcome(lease, decision, report, elapsed=elapsed, unrecorded=True)
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed, unrecorded=True)
             return None
         return self._reported(lease, decision, answers[0], report=report, elapsed=elapsed)
 
@@ -343,20 +343,21 @@ class WorkerRuntime:
             return
         answers = self._write([d.ending for d in done])
         for i, d in enumerate(done):
-            with redaction.bind(d.ending.redactor or redaction.EMPTY):
+            e = d.ending
+            with redaction.bind(e.redactor or redaction.EMPTY):
                 if answers is None:
-                    _log_outcome(d.ending.lease, d.ending.decision, d.ending.report, elapsed=d.elapsed, unrecorded=True)
+                    transitions.log_outcome(e.lease, e.decision, e.report, elapsed=d.elapsed, unrecorded=True)
                 else:
-                    self._reported(d.ending.lease, d.ending.decision, answers[i], report=d.ending.report, elapsed=d.elapsed)
+                    self._reported(e.lease, e.decision, answers[i], report=e.report, elapsed=d.elapsed)
 
     def _reported(
         self, lease: Lease, decision: outcomes.Decision, rejection: Rejection | None, *, report: Report | None, elapsed: float
     ) -> Rejection | None:
         """The one line a person (or a log collector) reads for an attempt's recorded, or refused, end."""
         if rejection is Rejection.ALREADY_RECORDED:  # our earlier report landed (its reply was lost): success
-            _log_outcome(lease, decision, report, elapsed=elapsed)
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed)
             return Rejection.ALREADY_RECORDED
-        _log_outcome(lease, decision, report, elapsed=elapsed, rejection=rejection)
+        transitions.log_outcome(lease, decision, report, elapsed=elapsed, rejection=rejection)
         return rejection
 
     @property
@@ -531,100 +532,3 @@ def deliver(job_id: int, version: int) -> int:
     if runtime.queues is None and current is not None and current.worker_name:
         runtime.name = current.worker_name
     return runtime.drain(first_job_id=job_id, origin_queue=origin)
-
-
-# The most of an error's message an outcome line carries (the attempt row keeps it whole).
-OUTCOME_ERROR_CHARS = 200
-
-
-def _log_outcome(
-    lease: Lease,
-    decision: outcomes.Decision,
-    report: Report | None,
-    *,
-    elapsed: float,
-    rejection: Rejection | None = None,
-    unrecorded: bool = False,
-) -> None:
-    """The one line per attempt outcome (every ending of an RQ worker's attempt passes here, from
-    ``_report`` or the batch's ``_flush``): the job, attempt, kind, queue, outcome, reason and the
-    time split, in words for a person and as fields (``extra``) for KOALA_LOG_FORMAT=json
-    (koala/log_format.py). The message and the fields go through the redaction of the attempt."""
-    report = report or Report()
-    outcome = transitions.outcome_of(decision) or "discarded"
-    reason = ""
-    error = ""
-    level = logging.INFO
-    match decision:
-        case outcomes.Complete():
-            said = f"succeeded in {_took(elapsed)}"
-        case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
-            reason, error = error_class, message
-            said = f"failed in {_took(elapsed)} ({error_class}); retry in {delay:.1f} s"
-        case outcomes.Fail(reason=failure, error_class=error_class, message=message):
-            reason, error = str(failure), message
-            level = logging.WARNING
-            said = f"failed in {_took(elapsed)}: {failure} ({error_class})"
-        case outcomes.Park(reason=parked, detail=detail):
-            reason = parked
-            said = f"parked ({parked}) after {_took(elapsed)}: {detail}"
-        case outcomes.Release(outcome=released, message=message, delay_seconds=delay):
-            reason = message
-            said = f"released ({released}) after {_took(elapsed)}, due again in {delay:.1f} s: {message}"
-        case outcomes.Discard(rejection=stale):
-            reason = stale.value if stale is not None else ""
-            said = f"stopped after {_took(elapsed)}; nothing recorded (rejection {reason or 'none'})"
-        case _:
-            said = f"ended after {_took(elapsed)}"
-    if unrecorded:
-        level = logging.WARNING
-        said += "; NOT recorded (the database was away): the lease expires and the reaper decides"
-        outcome = "unrecorded"
-    elif rejection is Rejection.JOB_CANCELLED:
-        said = f"was cancelled while running; its {outcome} report was discarded"
-        outcome, reason = "cancelled", rejection.value
-    elif rejection is not None:
-        level = logging.WARNING
-        why = {
-            Rejection.LEASE_SUPERSEDED: "it is owned by a newer attempt",
-            Rejection.LEASE_EXPIRED: "its lease expired first; the reaper requeues or fails it",
-        }.get(rejection, rejection.value)
-        said = f"{outcome} report refused ({rejection.value}): {why}"
-        outcome, reason = "refused", rejection.value
-    timings = (
-        f"compute {_took(report.compute_seconds)}, db wait {_took(report.db_wait_seconds)}, "
-        f"storage wait {_took(report.storage_wait_seconds)}"
-    )
-    # The error's message (already masked by decide), bounded: a line stays a line.
-    error = error if len(error) <= OUTCOME_ERROR_CHARS else error[: OUTCOME_ERROR_CHARS - 1] + "…"
-    log.log(
-        level,
-        "job %s (%s, attempt %s, queue %s) %s [%s]%s",
-        lease.job_id,
-        lease.kind,
-        lease.attempts,
-        lease.queue,
-        said,
-        timings,
-        f": {error}" if error else "",
-        extra={
-            "event": "attempt_outcome",
-            "job_id": lease.job_id,
-            "attempt": lease.attempts,
-            "kind": lease.kind,
-            "version": lease.version,
-            "queue": lease.queue,
-            "outcome": outcome,
-            "reason": reason,
-            "error": error,
-            "total_seconds": round(elapsed, 6),
-            "compute_seconds": round(report.compute_seconds, 6),
-            "db_wait_seconds": round(report.db_wait_seconds, 6),
-            "storage_wait_seconds": round(report.storage_wait_seconds, 6),
-        },
-    )
-
-
-def _took(seconds: float) -> str:
-    """A body's run time as a person reads it: "12 ms", "3.2 s"."""
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
