@@ -257,6 +257,13 @@ def mib(n: int) -> str:
     return f"{n / MIB:,.1f}"
 
 
+STATES = {"start": "registered, nothing run", "idle": "idle after a warm-up export", "active": "active export"}
+
+
+def row(process: str, state: str, m: Memory) -> str:
+    return f"| {process} | {state} | {mib(m.rss)} | {mib(m.pss)} | {mib(m.uss)} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="events in the measured export (default 1,000,000)")
@@ -278,29 +285,21 @@ def main() -> None:
         if not args.skip_memory:
             accounts = prepare_data([1000, args.rows])
             pair = (accounts[1000], accounts[args.rows])
-            rows: list[str] = []
-            per_class: dict[str, dict[str, Memory]] = {}
-            for worker_class in ("simple", "fork"):
-                per_class[worker_class] = measure_worker(worker_class, pair, storage, logdir)
+            per_class = {worker_class: measure_worker(worker_class, pair, storage, logdir) for worker_class in ("simple", "fork")}
             beat = measure_beat(logdir)
             web = measure_web(logdir)
             print(f"## Memory per process (MiB; active = peak during one export of {args.rows:,} events)\n")
             print("| process | state | RSS | PSS | USS |")
             print("| --- | --- | --- | --- | --- |")
+            rows: list[str] = []
             for worker_class, found in per_class.items():
                 for state in ("start", "idle", "active"):
-                    m = found[state]
-                    label = {"start": "registered, nothing run", "idle": "idle after a warm-up export", "active": "active export"}[
-                        state
-                    ]
-                    if worker_class == "fork" and state == "active":
-                        label += " (worker + horse)"
-                    rows.append(f"| worker `{worker_class}` | {label} | {mib(m.rss)} | {mib(m.pss)} | {mib(m.uss)} |")
+                    label = STATES[state] + (" (worker + horse)" if worker_class == "fork" and state == "active" else "")
+                    rows.append(row(f"worker `{worker_class}`", label, found[state]))
                 if worker_class == "fork":
-                    h = found["horse"]
-                    rows.append(f"| worker `fork` | its work horse alone, at its peak | {mib(h.rss)} | {mib(h.pss)} | {mib(h.uss)} |")
-            rows.append(f"| beat | running | {mib(beat.rss)} | {mib(beat.pss)} | {mib(beat.uss)} |")
-            rows.append(f"| web (uvicorn, 1 process) | after 150 requests | {mib(web.rss)} | {mib(web.pss)} | {mib(web.uss)} |")
+                    rows.append(row("worker `fork`", "its work horse alone, at its peak", found["horse"]))
+            rows.append(row("beat", "running", beat))
+            rows.append(row("web (uvicorn, 1 process)", "after 150 requests", web))
             print("\n".join(rows))
             print()
             for worker_class, found in per_class.items():

@@ -25,6 +25,7 @@ _STANDARD = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", Non
     "asctime",
     "taskName",
     redaction.LOGGED_EXCEPTION_ATTR,
+    "color_message",  # uvicorn's copy of the message with ANSI colours
 }
 
 

@@ -403,6 +403,13 @@ LOGGING = {
         "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
+if KOALA_LOG_FORMAT == "json":
+    # The whole process logs JSON lines: uvicorn's own loggers (configured by uvicorn before it
+    # imports the app, with handlers of their own) are handed Koala's handler once Django sets up,
+    # so the web's startup, error and (if enabled) access lines are JSON too, and masked.
+    LOGGING["loggers"].update(  # type: ignore[attr-defined]
+        {name: {"handlers": ["console"], "level": "INFO", "propagate": False} for name in ("uvicorn", "uvicorn.access")}
+    )
 
 if SENTRY_DSN:
     import sentry_sdk

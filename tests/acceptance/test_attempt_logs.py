@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import Processes, worker_env
+from tests.conftest import REPO, Processes, worker_env
 from workers.models import Attempt
 from workers.services.jobs import enqueue
 
@@ -110,3 +115,38 @@ def test_json_lines_carry_the_outcome_fields_and_stay_masked(processes: Processe
     assert by_job[leaky]["kind"] == "boom" and by_job[leaky]["reason"] == "fatal"
     assert "[redacted]" in by_job[leaky]["error"] and "[redacted]" in by_job[leaky]["message"]
     assert CARD not in logs and BEARER not in logs, logs
+
+
+def test_the_web_process_logs_json_lines_too_masked(tmp_path: Path) -> None:
+    """uvicorn's own loggers (its start, stop and access lines) join Koala's handler under json."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "web.log"
+    with open(log, "wb") as out:
+        web = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "koala.asgi:application", "--port", str(port), "--lifespan", "off"],
+            cwd=REPO,
+            env=worker_env(KOALA_LOG_FORMAT="json"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz?token={BEARER}", timeout=2) as answer:
+                    answer.read()
+                break
+            except OSError:
+                assert web.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
+    text = log.read_text()
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    loggers = {r["logger"] for r in records}
+    assert {"uvicorn.error", "uvicorn.access"} <= loggers, text
+    assert BEARER not in text and "token=[redacted]" in text, text
+    assert all("color_message" not in r for r in records)
