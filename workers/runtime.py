@@ -390,7 +390,8 @@ class WorkerRuntime:
                         # never started, and now it never will here.
                         log.warning("job %s: lease lost while waiting in the batch; not started", lease.job_id)
                         continue
-                if self._last_in_horse(lease):
+                last = self._last_in_horse(lease)
+                if last:
                     # A CPU-limited attempt is the last this work horse runs (workers.bounds): give
                     # back the batch's waiting jobs and write its completions first, so a horse the
                     # hard limit kills leaves neither to the reaper.
@@ -398,6 +399,8 @@ class WorkerRuntime:
                     self._flush()
                 self.run(lease)
                 ran += 1
+                if last:
+                    break
         finally:
             self._in_batch = False
         return ran

@@ -202,3 +202,18 @@ def test_the_simple_worker_says_it_enforces_no_ceiling(processes: Processes) -> 
     assert "worker class 'simple' enforces no per-attempt memory or CPU ceiling" in logs
     assert "KOALA_ATTEMPT_CPU_LIMIT_SECONDS=30" in logs
     assert "use --worker-class fork" in logs
+
+
+def test_cpu_limited_jobs_each_run_in_a_fresh_horse_and_their_batch_is_given_back(tmp_path: Path, processes: Processes) -> None:
+    """A CPU hard limit can only be lowered: a CPU-limited attempt is the last its horse runs; the
+    batch's other claimed jobs go back unstarted (no attempt used) and run in the next horses."""
+    log = str(tmp_path / "effects.log")
+    ids = [enqueue(kind="noop", input={}).job_id for _ in range(6)]
+    ids += [enqueue(kind="bounds.ok", input={"log": log}).job_id for _ in range(3)]
+    ids += [enqueue(kind="noop", input={}).job_id for _ in range(6)]
+    start(processes)
+    jobs = [settled(job_id, processes) for job_id in ids]
+    assert all(job.state == JobState.SUCCEEDED and job.attempts == 1 for job in jobs), [(j.pk, j.state, j.attempts) for j in jobs]
+    assert not Attempt.objects.filter(job_id__in=ids, outcome="orphaned").exists()
+    pids = [line[3] for line in effect_lines(log)]
+    assert len(pids) == 3 and len(set(pids)) == 3, pids  # one horse each
