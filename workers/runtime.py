@@ -9,8 +9,9 @@ Each attempt ends in three steps (docs/engine.md, "How an attempt ends"): ``_run
 how the body ended (an ``outcomes`` ending), ``outcomes.decide`` picks the one lease
 transition that records it, and ``_report`` has the one transition writer
 (``workers.transitions.end_attempt``, which the HTTP protocol uses too) record it, retrying
-through a dropped connection and logging the line a person reads. The body API (``ctx``) is
-workers.context.
+through a dropped connection and logging the line a person reads (``transitions.log_outcome``).
+In a fork worker's work horse each body runs under its kind's memory and CPU ceilings
+(workers.bounds). The body API (``ctx``) is workers.context.
 """
 
 from __future__ import annotations
