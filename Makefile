@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-api bench-api-start requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-api bench-api-start bench-resources requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -136,6 +136,13 @@ bench-flat: bootstrap ## Flat-cost benchmark: drain rate, claim/complete latency
 bench-api: bootstrap ## Worker API benchmark: idle fleet, wake-up latency, HTTP vs RQ jobs/s (bench/worker_api.py)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.worker_api "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+# Memory per process (worker classes idle and during one 1M-row export, beat, web) and log bytes per
+# 1,000 jobs in plain and JSON (bench/resources.py; about 2 minutes; BENCH_ARGS="--rows 100000").
+bench-resources: bootstrap ## Resource benchmark: RSS/PSS/USS per worker class idle and per active export, beat, web; log bytes per 1,000 jobs (bench/resources.py)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.resources "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 bench-api-start: bootstrap ## Starting a job over HTTP (POST /api/v1/jobs, 2 uvicorn processes) vs in-process enqueue() (bench/http_start.py)

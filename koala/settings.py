@@ -55,6 +55,10 @@ try:
     LOG_LEVEL = env.string("LOG_LEVEL", "INFO").upper()
     if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         raise ConfigError(f"LOG_LEVEL={LOG_LEVEL!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL.")
+    # plain: one human line per record; json: one JSON object per line (koala/log_format.py).
+    KOALA_LOG_FORMAT = env.string("KOALA_LOG_FORMAT", "plain").lower()
+    if KOALA_LOG_FORMAT not in {"plain", "json"}:
+        raise ConfigError(f"KOALA_LOG_FORMAT={KOALA_LOG_FORMAT!r} is not one of plain, json.")
 
     # Koala's engine limits. Defaults: a heartbeat about every 10 s against a 30 s lease (three beats per lease).
     KOALA_LEASE_SECONDS = env.number("KOALA_LEASE_SECONDS", 30.0, minimum=1.0)
@@ -101,6 +105,11 @@ try:
     KOALA_API_DB_THREADS = env.integer("KOALA_API_DB_THREADS", 16, minimum=1)
     # Consecutive crashed/fatal attempts of one kind that pause it (0 turns the breaker off).
     KOALA_BREAKER_THRESHOLD = env.integer("KOALA_BREAKER_THRESHOLD", 5, minimum=0)
+    # Per-attempt ceilings for kinds that declare none (workers/bounds.py; enforced by the fork
+    # worker's work horse): MiB of memory above what the horse holds at the attempt's start, and
+    # CPU seconds. 0 turns a ceiling off.
+    KOALA_ATTEMPT_MEMORY_LIMIT_MB = env.integer("KOALA_ATTEMPT_MEMORY_LIMIT_MB", 0, minimum=0)
+    KOALA_ATTEMPT_CPU_LIMIT_SECONDS = env.integer("KOALA_ATTEMPT_CPU_LIMIT_SECONDS", 0, minimum=0)
     # How long a reviewer has to decide, and how long an approval stays usable.
     KOALA_REVIEW_TTL_SECONDS = env.number("KOALA_REVIEW_TTL_SECONDS", 86400.0, minimum=1.0)
     KOALA_APPROVAL_TTL_SECONDS = env.number("KOALA_APPROVAL_TTL_SECONDS", 3600.0, minimum=1.0)
@@ -375,10 +384,17 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"redact": {"()": "koala.redaction.RedactingFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "koala.log_format.JsonFormatter"},
+    },
     "handlers": {
         # Drops its output once the reader is gone (a closed pipe) rather than failing every record.
-        "console": {"class": "koala.log_handlers.PipeSafeStreamHandler", "formatter": "plain", "filters": ["redact"]},
+        "console": {
+            "class": "koala.log_handlers.PipeSafeStreamHandler",
+            "formatter": KOALA_LOG_FORMAT,
+            "filters": ["redact"],
+        },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
@@ -392,6 +408,13 @@ LOGGING = {
         "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
+if KOALA_LOG_FORMAT == "json":
+    # The whole process logs JSON lines: uvicorn's own loggers (configured by uvicorn before it
+    # imports the app, with handlers of their own) are handed Koala's handler once Django sets up,
+    # so the web's startup, error and (if enabled) access lines are JSON too, and masked.
+    LOGGING["loggers"].update(  # type: ignore[attr-defined]
+        {name: {"handlers": ["console"], "level": "INFO", "propagate": False} for name in ("uvicorn", "uvicorn.access")}
+    )
 
 if SENTRY_DSN:
     import sentry_sdk

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from django.conf import settings
 
 from koala.redaction import Redactor
+from workers import bounds
 from workers.errors import EnqueueError, UnknownName
 from workers.models import Delivery
 
@@ -70,6 +71,11 @@ class JobKind:
     # delivery, retries, time limits, sensitive fields, critical operations); the body lives in
     # the worker. An RQ worker never claims such a kind (``runnable``).
     remote: bool = False
+    # Per-attempt ceilings (workers.bounds; enforced by the fork worker's work horse): MiB of memory
+    # above what the horse holds when the attempt starts, and CPU seconds. None: the settings'
+    # defaults (KOALA_ATTEMPT_MEMORY_LIMIT_MB, KOALA_ATTEMPT_CPU_LIMIT_SECONDS); 0: no ceiling.
+    memory_limit_mb: int | None = None
+    cpu_limit_seconds: int | None = None
 
     def is_critical(self, operation: str, params: dict[str, Any], amount_minor: int | None) -> bool:
         rule = self.critical.get(operation)
@@ -121,6 +127,8 @@ def register(kind: JobKind) -> JobKind:
         raise ValueError(f"{kind.key}: max_attempts must be at least 1")
     if isinstance(kind.max_input_bytes, bool) or not isinstance(kind.max_input_bytes, int) or kind.max_input_bytes < 2:
         raise ValueError(f"{kind.key}: max_input_bytes must be a whole number of bytes, at least 2 (the empty input, {{}})")
+    for name in ("memory_limit_mb", "cpu_limit_seconds"):
+        bounds.check_limit(kind.key, name, getattr(kind, name))
     for operation, rule in kind.critical.items():
         valid = rule == "always" or callable(rule) or (isinstance(rule, Mapping) and set(rule) == {"above_minor"})
         if not valid:
@@ -152,6 +160,8 @@ class KindPolicy(TypedDict, total=False):
     max_input_bytes: int
     critical: Mapping[str, CriticalRule]
     retry_instead: str
+    memory_limit_mb: int | None
+    cpu_limit_seconds: int | None
 
 
 def _policy(policy: KindPolicy) -> dict[str, Any]:

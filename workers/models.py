@@ -51,6 +51,8 @@ class FailureReason(models.TextChoices):
     DEADLINE_EXCEEDED = "deadline_exceeded"  # the job's overall deadline passed
     REVIEW_REJECTED = "review_rejected"  # a reviewer rejected a critical operation
     REVIEW_EXPIRED = "review_expired"  # nobody decided a critical operation in time
+    MEMORY_LIMIT = "memory_limit"  # the last attempt went past its memory ceiling (workers.bounds)
+    CPU_LIMIT = "cpu_limit"  # the last attempt went past its CPU-time ceiling (workers.bounds)
 
 
 class Outcome(models.TextChoices):

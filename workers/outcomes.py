@@ -26,8 +26,18 @@ decision with one fenced statement, for both kinds of worker.
     Reported(terminal)                       Fail terminal
     Reported(fatal)                          Fail fatal
     Unservable(worker, earlier)              Release unservable    (backoff 0.5 s doubling, ≤ 30 s)
+    OverLimit(memory | cpu, limits)          RetryLater            (at_least_once with attempts left;
+                                                                    error MemoryLimitExceeded / CpuLimitExceeded)
+                                             Fail memory_limit / cpu_limit   (attempts spent, or at_most_once:
+                                                                    cut off mid-body, never run twice)
     Stale / Interrupted(stale) / any ending
       but Returned after a rejection         Discard               (nothing this attempt says counts)
+
+A ceiling breach (``OverLimit``: the body raised MemoryError or was told SIGXCPU under its
+ceiling, or its work horse died of one and the parent saw it; workers.bounds) is retryable by
+default: a bigger input or a busy host may fit next time, and the attempt budget bounds it. Its
+last failure keeps its name (``memory_limit`` / ``cpu_limit``, not ``attempts_exhausted``), and
+the circuit breaker counts it as a crash.
 
 One retry rule serves every failure (``_retry_or_fail``): a retryable failure retries while the
 job has attempts left, after its own retry-after or the kind's backoff, and ends
@@ -38,6 +48,7 @@ reported by an HTTP worker are stored under the same name.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass, field
@@ -47,6 +58,7 @@ from django.db import InterfaceError, OperationalError
 
 from koala import redaction, storable
 from koala.redaction import Redactor
+from workers.bounds import Limit, Limits, describe
 from workers.errors import AttemptTimeout, Rejection, Retryable, StepFailure, TerminalFailure
 from workers.kinds import JobKind
 from workers.models import Delivery, FailureReason, Outcome
@@ -176,7 +188,21 @@ class Reported:
     retry_after: float | None = None
 
 
-Ending = Returned | Parked | Reconciling | GivenBack | Interrupted | Stale | Raised | Unservable | Reported
+@dataclass(frozen=True)
+class OverLimit:
+    """The attempt went past a ceiling of its kind (workers.bounds): its body raised MemoryError or
+    was told by SIGXCPU, or its work horse died of it (then the forking parent reports it)."""
+
+    limit: Limit
+    limits: Limits
+    killed: bool = False  # the work horse died of it: the parent saw its exit
+
+
+# The error name an attempt row records for each ceiling, and the job's reason when it is the last.
+LIMIT_ERRORS = {Limit.MEMORY: "MemoryLimitExceeded", Limit.CPU: "CpuLimitExceeded"}
+LIMIT_REASONS = {Limit.MEMORY: FailureReason.MEMORY_LIMIT, Limit.CPU: FailureReason.CPU_LIMIT}
+
+Ending = Returned | Parked | Reconciling | GivenBack | Interrupted | Stale | Raised | Unservable | Reported | OverLimit
 
 # -- decisions: the one lease transition to record -------------------------------------------------
 
@@ -325,6 +351,24 @@ def decide(
             return _failure(error, FailureReason.TERMINAL, lease, kind, redactor, rng)
         case Raised(error=error):
             return _failure(error, FailureReason.FATAL, lease, kind, redactor, rng)
+        case OverLimit(limit=limit, limits=limits, killed=killed):
+            message = describe(limit, limits) + ("; the work horse was killed" if killed else "")
+            if lease.delivery == Delivery.AT_MOST_ONCE:
+                # Cut off mid-body: it may have had its effect, and at_most_once never runs twice.
+                return Fail(reason=LIMIT_REASONS[limit], error_class=LIMIT_ERRORS[limit], message=message)
+            failed = _retry_or_fail(
+                retryable=True,
+                retry_after=None,
+                reason=LIMIT_REASONS[limit],
+                error_class=LIMIT_ERRORS[limit],
+                message=message,
+                lease=lease,
+                kind=kind,
+                rng=rng,
+            )
+            if isinstance(failed, Fail):  # attempts spent: the job's reason names the ceiling
+                return dataclasses.replace(failed, reason=LIMIT_REASONS[limit])
+            return failed
         case Reported(classification=classification, error_class=error_class, message=message, retry_after=retry_after):
             return _retry_or_fail(
                 retryable=classification is Classification.RETRYABLE,

@@ -44,10 +44,12 @@ from rq.exceptions import StopRequested
 from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
-from workers import kinds
+from koala import redaction
+from workers import bounds, kinds, outcomes
+from workers.bounds import get_bounds
 from workers.models import WorkerExit
 from workers.runtime import get_runtime
-from workers.services import processes
+from workers.services import leases, processes
 
 log = logging.getLogger("koala.worker")
 
@@ -176,6 +178,7 @@ class KoalaWorkerMixin:
             conn.close()
         runtime = get_runtime()
         runtime.configure(name=self.name, queues=self.queue_names())  # type: ignore[attr-defined]
+        self.prepare_bounds()
         presence = _Presence(self)
         presence.start()  # raises WorkerNameInUse before anything is recorded
         try:
@@ -191,6 +194,9 @@ class KoalaWorkerMixin:
             raise
         presence.finish(WorkerExit.STOPPED, getattr(self, "_stop_signal", "") or ("burst done" if burst else "RQ loop ended"))
         return worked
+
+    def prepare_bounds(self) -> None:
+        """Per-attempt ceilings (workers.bounds): what this worker class does about them at start."""
 
     def _serve(self, runtime: Any, burst: bool, *args: Any, **kwargs: Any) -> bool:
         worked = False
@@ -342,10 +348,52 @@ class KoalaWorker(KoalaWorkerMixin, Worker):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Forwarded by the parent (and sent by systemd to the whole cgroup): graceful stop.
         signal.signal(signal.SIGTERM, lambda signum, frame: get_runtime().request_shutdown(self.shutdown_deadline))
+        get_bounds().enable_in_horse()  # the ceilings bound this horse alone, never the parent
+
+    def prepare_bounds(self) -> None:
+        # The page each horse writes its limited attempt to, mapped once before any fork.
+        get_bounds().prepare_parent()
+
+    def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        """The horse died without finishing its RQ message. If a body was running under a ceiling
+        and the death is that ceiling's (SIGKILL at the CPU hard limit, an exit while a memory
+        ceiling held), record the attempt's end under its name now, through the one transition
+        writer, instead of leaving it to the reaper after the lease expires."""
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        slate = get_bounds().slate
+        written = slate.read() if slate is not None else None
+        if written is None:
+            return
+        slate.clear()  # type: ignore[union-attr]
+        cpu_used = rusage.ru_utime + rusage.ru_stime if rusage is not None else None
+        limit = bounds.cause_of_death(written, ret_val, cpu_used)
+        if limit is None:
+            return
+        try:
+            held = leases.lease_of(attempt_id=written.attempt_id)
+            if held is None or held.outcome is not None or held.lease.lease_token != written.lease_token:
+                return  # the attempt's end is recorded already, or the job has moved on
+            lease = held.lease
+            kind = kinds.get(lease.kind, lease.version)
+            if kind is None:
+                return
+            ending = outcomes.OverLimit(limit=limit, limits=written.limits, killed=True)
+            with redaction.bind(kind.redactor(lease.input)):
+                get_runtime()._report(lease, outcomes.decide(ending, lease, kind))
+        except Exception as exc:  # the database is away: the lease expires and the reaper decides
+            log.warning("worker %s: could not record the killed work horse's attempt (%s)", self.name, type(exc).__name__)
+        finally:
+            connection.close()  # the parent holds no connection when it forks
 
 
 class KoalaSimpleWorker(KoalaWorkerMixin, SimpleWorker):
-    """Runs bodies in the worker process itself: fastest; use for well-behaved bodies."""
+    """Runs bodies in the worker process itself: fastest; use for well-behaved bodies.
+
+    It enforces no per-attempt memory or CPU ceiling (there is no horse to bound): it says so
+    at start when one is configured (workers.bounds.warn_unenforced)."""
+
+    def prepare_bounds(self) -> None:
+        bounds.warn_unenforced("simple")
 
 
 WORKER_CLASSES: dict[str, type[Worker] | type[SimpleWorker]] = {"fork": KoalaWorker, "simple": KoalaSimpleWorker}

@@ -9,8 +9,9 @@ Each attempt ends in three steps (docs/engine.md, "How an attempt ends"): ``_run
 how the body ended (an ``outcomes`` ending), ``outcomes.decide`` picks the one lease
 transition that records it, and ``_report`` has the one transition writer
 (``workers.transitions.end_attempt``, which the HTTP protocol uses too) record it, retrying
-through a dropped connection and logging the line a person reads. The body API (``ctx``) is
-workers.context.
+through a dropped connection and logging the line a person reads (``transitions.log_outcome``).
+In a fork worker's work horse each body runs under its kind's memory and CPU ceilings
+(workers.bounds). The body API (``ctx``) is workers.context.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from koala import redaction
-from workers import doorbell, hooks, kinds, outcomes, transitions
+from workers import bounds, doorbell, hooks, kinds, outcomes, transitions
+from workers.bounds import get_bounds
 from workers.context import JobContext
 from workers.errors import Interrupted, Park, Paused, ReconcileLater, Rejection, StaleAttempt
 from workers.models import Delivery
@@ -225,6 +227,7 @@ class WorkerRuntime:
             # Back off while no worker serving it shows up (an old worker alone during a deploy).
             self._report(lease, transitions.unservable(lease, worker=self.name))
             return
+        self.ensure_heartbeat()  # a thread that died (say, of a body's MemoryError) comes back
         ctx = JobContext(lease, kind, self)
         # One redaction context for the whole attempt: the body's log records and Sentry events,
         # and every message the report below stores, mask the job's declared values.
@@ -233,6 +236,7 @@ class WorkerRuntime:
 
     def _attempt(self, ctx: JobContext, kind: kinds.JobKind) -> None:
         lease = ctx.lease
+        log.debug("job %s (%s, attempt %s, queue %s) started", lease.job_id, lease.kind, lease.attempts, lease.queue)
         started = time.monotonic()
         ending = self._run_body(ctx, kind)
         elapsed = time.monotonic() - started
@@ -259,20 +263,34 @@ class WorkerRuntime:
         self._report(lease, decision, report, elapsed=elapsed)
 
     def _run_body(self, ctx: JobContext, kind: kinds.JobKind) -> outcomes.Ending:
-        """Call the body under the alarms and say how it ended. Nothing here writes."""
+        """Call the body under the alarms and its ceilings (workers.bounds) and say how it ended.
+        Nothing here writes."""
+        ceilings = get_bounds()
+        limits = bounds.limits_for(kind)
+        armed: bounds.Limits | None = None
         try:
             with self._alarm_lock:
                 self.current = ctx
                 self._in_body = True
             self._rearm()
+            ceilings.arm(limits, attempt_id=ctx.lease.attempt_id, lease_token=ctx.lease.lease_token)
             try:
                 value = kind.body(ctx, dict(ctx.lease.input))
             finally:
+                armed = ceilings.disarm()
                 with self._alarm_lock:
                     self._in_body = False
                     if self._alarm_enabled:
                         signal.setitimer(signal.ITIMER_REAL, 0)
             return outcomes.Returned(value=value, state_delta=ctx.state_delta)
+        except bounds.CpuLimitExceeded:
+            ceilings.disarm()
+            return outcomes.OverLimit(limit=bounds.Limit.CPU, limits=limits)
+        except MemoryError as exc:
+            armed = armed or ceilings.disarm()
+            if armed is not None and armed.memory_mb:
+                return outcomes.OverLimit(limit=bounds.Limit.MEMORY, limits=limits)
+            return outcomes.Raised.of(exc)
         except Interrupted as exc:
             return outcomes.Interrupted(why=outcomes.Cut.named(exc.why))
         except Paused:
@@ -292,23 +310,15 @@ class WorkerRuntime:
         self, lease: Lease, decision: outcomes.Decision, report: Report | None = None, *, elapsed: float = 0.0
     ) -> Rejection | None:
         """Record an attempt's end through the one transition writer, retried through a dropped
-        connection, each rejection handled by name."""
-        attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
-        match decision:
-            case outcomes.Discard(rejection=stale):
-                if stale is not None:
-                    log.info("job %s attempt %s stopped after rejection %s", lease.job_id, lease.attempts, stale.value)
-            case outcomes.Park(reason=reason, detail=detail):
-                log.info("%s parked (%s): %s", attempt, reason, detail)
-            case outcomes.Release(outcome=outcome, message=message, delay_seconds=delay):
-                log.info("%s released (%s), due again in %.1f s: %s", attempt, outcome, delay, message)
-        reporting = transitions.outcome_of(decision)
-        if reporting is None:
+        connection, each rejection handled by name; then its one outcome line (``_log_outcome``)."""
+        if transitions.outcome_of(decision) is None:  # Discard: nothing this attempt says counts
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed)
             return None
         answers = self._write([transitions.Ending(decision, lease, report)])
         if answers is None:
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed, unrecorded=True)
             return None
-        return self._reported(lease, decision, answers[0], elapsed=elapsed)
+        return self._reported(lease, decision, answers[0], report=report, elapsed=elapsed)
 
     def _write(self, endings: list[transitions.Ending]) -> list[Rejection | None] | None:
         """The one transition writer, retried through a dropped connection (None: gave up)."""
@@ -334,34 +344,22 @@ class WorkerRuntime:
         if not done:
             return
         answers = self._write([d.ending for d in done])
-        if answers is None:
-            return
-        for d, rejection in zip(done, answers, strict=True):
-            with redaction.bind(d.ending.redactor or redaction.EMPTY):
-                self._reported(d.ending.lease, d.ending.decision, rejection, elapsed=d.elapsed)
+        for i, d in enumerate(done):
+            e = d.ending
+            with redaction.bind(e.redactor or redaction.EMPTY):
+                if answers is None:
+                    transitions.log_outcome(e.lease, e.decision, e.report, elapsed=d.elapsed, unrecorded=True)
+                else:
+                    self._reported(e.lease, e.decision, answers[i], report=e.report, elapsed=d.elapsed)
 
     def _reported(
-        self, lease: Lease, decision: outcomes.Decision, rejection: Rejection | None, *, elapsed: float
+        self, lease: Lease, decision: outcomes.Decision, rejection: Rejection | None, *, report: Report | None, elapsed: float
     ) -> Rejection | None:
-        """The line a person reads for an attempt's recorded (or refused) end."""
-        attempt = f"job {lease.job_id} ({lease.kind}, attempt {lease.attempts})"
-        reporting = transitions.outcome_of(decision)
-        if rejection is None or rejection is Rejection.ALREADY_RECORDED:
-            # The one line per attempt a person reads (RQ's own lines name the doorbell, not the job).
-            match decision:
-                case outcomes.Complete():
-                    log.info("%s succeeded in %s", attempt, _took(elapsed))
-                case outcomes.RetryLater(delay_seconds=delay, error_class=error_class):
-                    log.info("%s failed in %s (%s); retry in %.1f s", attempt, _took(elapsed), error_class, delay)
-                case outcomes.Fail(reason=reason, error_class=error_class):
-                    log.warning("%s failed in %s: %s (%s)", attempt, _took(elapsed), reason, error_class)
-            return rejection  # already_recorded: our earlier report landed; that is success
-        if rejection is Rejection.JOB_CANCELLED:
-            log.info("job %s was cancelled while running; its %s report was discarded", lease.job_id, reporting)
-        elif rejection is Rejection.LEASE_SUPERSEDED:
-            log.warning("job %s is owned by a newer attempt; this attempt's %s report was discarded", lease.job_id, reporting)
-        elif rejection is Rejection.LEASE_EXPIRED:
-            log.warning("job %s: lease expired before the %s report; the reaper requeues or fails it", lease.job_id, reporting)
+        """The one line a person (or a log collector) reads for an attempt's recorded, or refused, end."""
+        if rejection is Rejection.ALREADY_RECORDED:  # our earlier report landed (its reply was lost): success
+            transitions.log_outcome(lease, decision, report, elapsed=elapsed)
+            return Rejection.ALREADY_RECORDED
+        transitions.log_outcome(lease, decision, report, elapsed=elapsed, rejection=rejection)
         return rejection
 
     @property
@@ -381,8 +379,11 @@ class WorkerRuntime:
         try:
             for i, lease in enumerate(got):
                 if i > 0:
-                    if self.shutdown_requested.is_set():
-                        break  # the rest are given back unstarted (_give_back_waiting)
+                    if self.shutdown_requested.is_set() or get_bounds().spent:
+                        # The rest are given back unstarted (_give_back_waiting). After a CPU-limited
+                        # attempt this work horse cannot grant another its allowance (workers.bounds):
+                        # the doorbell rings for them (_drain).
+                        break
                     with self._held_lock:
                         self._waiting.remove(lease)
                         lost = lease.job_id in self._lost
@@ -391,11 +392,24 @@ class WorkerRuntime:
                         # never started, and now it never will here.
                         log.warning("job %s: lease lost while waiting in the batch; not started", lease.job_id)
                         continue
+                last = self._last_in_horse(lease)
+                if last:
+                    # A CPU-limited attempt is the last this work horse runs (workers.bounds): give
+                    # back the batch's waiting jobs and write its completions first, so a horse the
+                    # hard limit kills leaves neither to the reaper.
+                    self._give_back_waiting()
+                    self._flush()
                 self.run(lease)
                 ran += 1
+                if last:
+                    break
         finally:
             self._in_batch = False
         return ran
+
+    def _last_in_horse(self, lease: Lease) -> bool:
+        kind = kinds.get(lease.kind, lease.version)
+        return get_bounds().enforcing and kind is not None and not kind.remote and bounds.limits_for(kind).cpu_seconds > 0
 
     def _give_back_waiting(self) -> None:
         """Leases of the batch that never started (shutdown, an error): back to the queue, no attempt used."""
@@ -446,7 +460,7 @@ class WorkerRuntime:
         limit = 1 if state.gated else int(settings.KOALA_CLAIM_BATCH)
         size = 1
         try:
-            while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set():
+            while ran < batch and time.monotonic() < stop_at and not self.shutdown_requested.is_set() and not get_bounds().spent:
                 want = min(size, batch - ran)
                 got = leases.claim_from(
                     queues=queues,
@@ -523,8 +537,3 @@ def deliver(job_id: int, version: int) -> int:
     if runtime.queues is None and current is not None and current.worker_name:
         runtime.name = current.worker_name
     return runtime.drain(first_job_id=job_id, origin_queue=origin)
-
-
-def _took(seconds: float) -> str:
-    """A body's run time as a person reads it: "12 ms", "3.2 s"."""
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"

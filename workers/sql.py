@@ -108,18 +108,22 @@ STOP_REQUESTED = (
     + ")"
 )
 
-# The kinds whose last N (both params) finished attempts of the past day all crashed (orphaned or
-# failed fatally), with the time of the newest crash: the circuit breaker's candidates.
+# The kinds whose last N (both params) finished attempts of the past day all crashed (orphaned,
+# failed fatally, or went past a per-attempt ceiling: workers.bounds, whose attempts retry with
+# these error names and end memory_limit / cpu_limit), with the time of the newest crash: the
+# circuit breaker's candidates.
 CRASH_STREAKS = """
 WITH recent AS (
     SELECT j.kind, a.finished_at,
-           (a.outcome = 'orphaned' OR (a.outcome = 'failed' AND j.failure_reason = 'fatal')) AS crashed,
+           (a.outcome = 'orphaned' OR (a.outcome = 'failed' AND j.failure_reason = 'fatal')
+            OR a.error_class IN ('MemoryLimitExceeded', 'CpuLimitExceeded')) AS crashed,
            row_number() OVER (PARTITION BY j.kind ORDER BY a.finished_at DESC, a.id DESC) AS n
     FROM workers_attempt a JOIN workers_job j ON j.id = a.job_id
     WHERE a.finished_at > now() - interval '1 day'
       AND a.outcome IN ('succeeded', 'retry', 'failed', 'orphaned')
       AND j.kind IN (SELECT DISTINCT j2.kind FROM workers_attempt a2 JOIN workers_job j2 ON j2.id = a2.job_id
-                     WHERE (a2.outcome = 'orphaned' OR (a2.outcome = 'failed' AND j2.failure_reason = 'fatal'))
+                     WHERE (a2.outcome = 'orphaned' OR (a2.outcome = 'failed' AND j2.failure_reason = 'fatal')
+                            OR a2.error_class IN ('MemoryLimitExceeded', 'CpuLimitExceeded'))
                        AND a2.finished_at > now() - interval '1 day')
 )
 SELECT kind, max(finished_at) FROM recent WHERE n <= %s

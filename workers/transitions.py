@@ -21,6 +21,10 @@ their deadline) are written here too; the services that change a job for a perso
 requeue, a review's rejection, unpark, a budget's park at claim) write their own conditional
 UPDATE and report it through ``reached``.
 
+Each ending's one log line (``log_outcome``: job, attempt, kind, queue, outcome, reason, time
+split; structured under KOALA_LOG_FORMAT=json) is written by the caller once the writer answered,
+so a line never claims what the database refused.
+
 Whatever the path, the apps above the engine are told through ``workers.hooks``
 (``register_on_transition``) inside the transaction that records the change: a workflow's
 dependants become due, a metric counts, in the same commit or not at all.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +49,8 @@ from workers.errors import Rejection
 from workers.hooks import AttemptSpans, BodySpan, Transition
 from workers.models import FailureReason, JobState, Outcome, ParkReason
 from workers.spans import attempt_span_id
+
+log = logging.getLogger("koala.worker")
 
 if TYPE_CHECKING:
     from workers.models import Job
@@ -371,6 +378,108 @@ def refuse_completion(*, job_id: int, error_class: str, message: str) -> Transit
         )
         row = cursor.fetchone()
     return _transition(row, outcome=Outcome.FAILED, cause="attempt") if row else None
+
+
+# -- the line a person reads ------------------------------------------------------------------------------
+
+# The most of an error's message an outcome line carries (the attempt row keeps it whole).
+OUTCOME_ERROR_CHARS = 200
+
+
+def log_outcome(
+    lease: Lease,
+    decision: outcomes.Decision,
+    report: Report | None,
+    *,
+    elapsed: float,
+    rejection: Rejection | None = None,
+    unrecorded: bool = False,
+) -> None:
+    """The one line per attempt outcome, logged by the caller of the writer once it answered (an RQ
+    worker's every ending passes ``WorkerRuntime._report`` or the batch's ``_flush``; another
+    caller of ``end_attempt`` logs its endings here too): the job, attempt, kind, queue, outcome,
+    reason and the time split, in words for a person and as fields (``extra``) for
+    KOALA_LOG_FORMAT=json (koala/log_format.py). ``elapsed`` is the attempt's whole run time;
+    ``rejection`` the writer's answer; ``unrecorded`` that the write gave up. The message and the
+    fields go through the redaction context bound by the caller (the attempt's)."""
+    report = report or Report()
+    outcome = outcome_of(decision) or "discarded"
+    reason = ""
+    error = ""
+    level = logging.INFO
+    match decision:
+        case outcomes.Complete():
+            said = f"succeeded in {took(elapsed)}"
+        case outcomes.RetryLater(delay_seconds=delay, error_class=error_class, message=message):
+            reason, error = error_class, message
+            said = f"failed in {took(elapsed)} ({error_class}); retry in {delay:.1f} s"
+        case outcomes.Fail(reason=failure, error_class=error_class, message=message):
+            reason, error = str(failure), message
+            level = logging.WARNING
+            said = f"failed in {took(elapsed)}: {failure} ({error_class})"
+        case outcomes.Park(reason=parked, detail=detail):
+            reason = parked
+            said = f"parked ({parked}) after {took(elapsed)}: {detail}"
+        case outcomes.Release(outcome=released, message=message, delay_seconds=delay):
+            reason = message
+            said = f"released ({released}) after {took(elapsed)}, due again in {delay:.1f} s: {message}"
+        case outcomes.Discard(rejection=stale):
+            reason = stale.value if stale is not None else ""
+            said = f"stopped after {took(elapsed)}; nothing recorded (rejection {reason or 'none'})"
+        case _:
+            said = f"ended after {took(elapsed)}"
+    if unrecorded:
+        level = logging.WARNING
+        said += "; NOT recorded (the database was away): the lease expires and the reaper decides"
+        outcome = "unrecorded"
+    elif rejection is Rejection.JOB_CANCELLED:
+        said = f"was cancelled while running; its {outcome} report was discarded"
+        outcome, reason = "cancelled", rejection.value
+    elif rejection is not None:
+        level = logging.WARNING
+        why = {
+            Rejection.LEASE_SUPERSEDED: "it is owned by a newer attempt",
+            Rejection.LEASE_EXPIRED: "its lease expired first; the reaper requeues or fails it",
+        }.get(rejection, rejection.value)
+        said = f"{outcome} report refused ({rejection.value}): {why}"
+        outcome, reason = "refused", rejection.value
+    timings = (
+        f"compute {took(report.compute_seconds)}, db wait {took(report.db_wait_seconds)}, "
+        f"storage wait {took(report.storage_wait_seconds)}"
+    )
+    # The error's message (already masked by decide), bounded: a line stays a line.
+    error = error if len(error) <= OUTCOME_ERROR_CHARS else error[: OUTCOME_ERROR_CHARS - 1] + "…"
+    log.log(
+        level,
+        "job %s (%s, attempt %s, queue %s) %s [%s]%s",
+        lease.job_id,
+        lease.kind,
+        lease.attempts,
+        lease.queue,
+        said,
+        timings,
+        f": {error}" if error else "",
+        extra={
+            "event": "attempt_outcome",
+            "job_id": lease.job_id,
+            "attempt": lease.attempts,
+            "kind": lease.kind,
+            "version": lease.version,
+            "queue": lease.queue,
+            "outcome": outcome,
+            "reason": reason,
+            "error": error,
+            "total_seconds": round(elapsed, 6),
+            "compute_seconds": round(report.compute_seconds, 6),
+            "db_wait_seconds": round(report.db_wait_seconds, 6),
+            "storage_wait_seconds": round(report.storage_wait_seconds, 6),
+        },
+    )
+
+
+def took(seconds: float) -> str:
+    """A run time as a person reads it: "12 ms", "3.2 s"."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 # -- the reaper ---------------------------------------------------------------------------------------------

@@ -288,7 +288,8 @@ def test_make_secrets_writes_each_file_once_mode_0400_with_one_database_password
     assert len(password) == 64 and re.fullmatch(r"[A-Za-z0-9_-]+", password)
     assert values["database_url"].strip() == f"postgres://koala:{password}@postgres:5432/koala"
     assert len(values["secret_key"].strip()) == 64 and values["secret_key"] != values["postgres_password"]
-    assert len(values["metrics_token"].strip()) == 64 and values["metrics_token"] not in {values["secret_key"], values["postgres_password"]}
+    token = values["metrics_token"]
+    assert len(token.strip()) == 64 and token not in {values["secret_key"], values["postgres_password"]}
     assert values["payments_api_key"] == values["models_api_key"] == "\n", "no key until one is written in"
     for name, value in values.items():
         assert not value.strip() or value.strip() not in done.stdout + done.stderr, f"make-secrets printed {name}"

@@ -16,6 +16,7 @@ import pytest
 from django.db import InterfaceError, OperationalError
 
 from workers import outcomes
+from workers.bounds import Limit, Limits
 from workers.errors import Rejection, Retryable, TerminalFailure
 from workers.kinds import JobKind
 from workers.models import Delivery, FailureReason, Outcome, ParkReason
@@ -101,6 +102,19 @@ def by_delivery(at_least_once: outcomes.Decision, at_most_once: outcomes.Decisio
     return {(delivery, left): at_least_once if delivery == ALO else at_most_once for delivery, left in COMBOS}
 
 
+def over_limit(error_class: str, reason: FailureReason, message: str) -> dict[Any, outcomes.Decision]:
+    """A ceiling breach: at_least_once retries while an attempt is left, then fails with the
+    ceiling's own reason; at_most_once fails with it at once."""
+    failed = Fail(reason=reason, error_class=error_class, message=message)
+    table: dict[Any, outcomes.Decision] = {(AMO, left): failed for left in (0, 1, "many")}
+    table[(ALO, 0)] = failed
+    table[(ALO, 1)] = RetryLater(delay_seconds=2.0, error_class=error_class, message=message)
+    table[(ALO, "many")] = RetryLater(delay_seconds=1.0, error_class=error_class, message=message)
+    return table
+
+
+MEMORY_LIMIT = "the attempt went past its memory ceiling of 64 MiB (RLIMIT_DATA above the work horse's start)"
+CPU_LIMIT = "the attempt went past its CPU-time ceiling of 3 s"
 RELEASED_AT_SHUTDOWN = Release(outcome=Outcome.INTERRUPTED, message="released at worker shutdown deadline")
 ORPHANED = Fail(
     reason=FailureReason.ORPHANED,
@@ -239,6 +253,23 @@ TABLE: list[tuple[str, outcomes.Ending, outcomes.Decision | dict[Any, outcomes.D
         "raised-anything-else",
         Raised.of(KeyError("total")),
         Fail(reason=FailureReason.FATAL, error_class="KeyError", message="'total'"),
+    ),
+    # A per-attempt ceiling (workers.bounds): retried while attempts are left (at_least_once), and
+    # the last failure keeps the ceiling's name; at_most_once was cut off mid-body and fails at once.
+    (
+        "over-the-memory-ceiling",
+        outcomes.OverLimit(limit=Limit.MEMORY, limits=Limits(memory_mb=64)),
+        over_limit("MemoryLimitExceeded", FailureReason.MEMORY_LIMIT, MEMORY_LIMIT),
+    ),
+    (
+        "over-the-cpu-ceiling",
+        outcomes.OverLimit(limit=Limit.CPU, limits=Limits(cpu_seconds=3)),
+        over_limit("CpuLimitExceeded", FailureReason.CPU_LIMIT, CPU_LIMIT),
+    ),
+    (
+        "horse-killed-at-the-cpu-ceiling",
+        outcomes.OverLimit(limit=Limit.CPU, limits=Limits(cpu_seconds=3), killed=True),
+        over_limit("CpuLimitExceeded", FailureReason.CPU_LIMIT, CPU_LIMIT + "; the work horse was killed"),
     ),
 ]
 
