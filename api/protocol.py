@@ -460,6 +460,10 @@ def _kind(lease: Lease) -> kinds.JobKind:
 def _record(held: HeldLease, decision: outcomes.Decision, report: Report | None = None) -> str | None:
     """Write the decision with the one transition writer both runtimes use; a rejection is answered by name."""
     rejection = transitions.end_attempt(decision, held.lease, report)
+    # The same one line per attempt outcome an RQ worker logs (its run time from the attempt's
+    # start, as this server saw it: the HTTP worker's own clock is not trusted).
+    elapsed = max(0.0, (timezone.now() - held.started_at).total_seconds())
+    transitions.log_outcome(held.lease, decision, report, elapsed=elapsed, rejection=rejection)
     if rejection is not None:
         raise rejected(rejection)
     return transitions.outcome_of(decision)

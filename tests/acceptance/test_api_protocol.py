@@ -113,6 +113,11 @@ def test_fail_classifications(api_server: ApiServer, worker_key: str) -> None:
     job = Job.objects.get(pk=job_id)
     assert job.state == JobState.FAILED and job.failure_reason == "terminal" and job.error_class == "InvalidAccount"
     assert "Traceback" not in job.error_message
+    # The server logs the one line per attempt outcome an RQ worker logs, for each HTTP ending.
+    lines = [line for line in api_server.log().splitlines() if f"job {job_id} (http.probe, attempt " in line]
+    assert len(lines) == 2, api_server.log()[-3000:]
+    assert "attempt 1, queue default) failed in" in lines[0] and "(ProviderTimeout); retry in" in lines[0]
+    assert "attempt 2, queue default) failed in" in lines[1] and ": terminal (InvalidAccount)" in lines[1]
 
 
 def test_unservable_uses_no_attempt_and_a_worker_with_the_version_serves_it(api_server: ApiServer, worker_key: str) -> None:
