@@ -144,7 +144,9 @@ def job_kind(name: str, *, version: int = 1, **policy: Unpack[KindPolicy]) -> Ca
     everywhere, docs/redaction.md), ``required_fields``, ``validate`` (raises ValueError or
     TypeError on bad input, at enqueue), ``max_input_bytes`` (the most the input may hold, in UTF-8
     bytes of its JSON; 16 KiB by default), ``critical`` (operation name → ``"always"``,
-    ``{"above_minor": N}`` or a callable: needs a reviewer's approval) and ``retry_instead``.
+    ``{"above_minor": N}`` or a callable: needs a reviewer's approval), ``retry_instead``, and
+    ``memory_limit_mb`` / ``cpu_limit_seconds`` (one attempt's ceilings in the fork class's work
+    horse, over KOALA_ATTEMPT_MEMORY_LIMIT_MB / KOALA_ATTEMPT_CPU_LIMIT_SECONDS; workers/bounds.py).
     A policy the engine cannot honour raises ValueError here, at import.
     """
 
