@@ -26,11 +26,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg
+
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
+from koala.env import ConfigError
 from workers import sql
 
 
@@ -47,8 +50,60 @@ def session_bounds() -> dict[str, str]:
     }
 
 
+class SessionBoundsMissing(ConfigError):
+    """Through a transaction pooler the bounds must be the role's settings, and they are not."""
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def role_settings_commands(user: str, database: str) -> list[str]:
+    """The ALTER ROLE statements that give ``user``'s sessions in ``database`` the bounds."""
+    return [
+        f"ALTER ROLE {_quote(user)} IN DATABASE {_quote(database)} SET {name} = '{value}';"
+        for name, value in session_bounds().items()
+    ]
+
+
+def check_role_bounds(connection: BaseDatabaseWrapper) -> None:
+    """KOALA_DATABASE_POOLING=transaction: the session must already have the bounds (or tighter).
+
+    A ``SET`` here would stay on the server session after this transaction, for whichever client
+    the pooler hands it to next, while this client's next transaction may run on a session
+    without it. Per-role settings hold on every server session the pooler opens for the role.
+    """
+    assert connection.connection is not None
+    with connection.connection.cursor() as cursor:
+        cursor.execute(sql.SESSION_BOUNDS_CURRENT)
+        row = cursor.fetchone()
+    assert row is not None
+    user, database, *have = row
+    wanted = {
+        "statement_timeout": settings.KOALA_DB_STATEMENT_TIMEOUT_SECONDS,
+        "lock_timeout": settings.KOALA_DB_LOCK_TIMEOUT_SECONDS,
+        "idle_in_transaction_session_timeout": settings.KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+    }
+    # 0 is "no limit"; a tighter limit than Koala's is fine.
+    missing = [
+        name for (name, seconds), ms in zip(wanted.items(), have, strict=True) if ms == 0 or ms > int(seconds * 1000) + 1
+    ]
+    if missing:
+        commands = "\n  ".join(role_settings_commands(user, database))
+        raise SessionBoundsMissing(
+            f"KOALA_DATABASE_POOLING=transaction: the sessions of role {user!r} lack the bounds "
+            f"({', '.join(missing)}), which a transaction pooler cannot keep per session. As a superuser run:\n  "
+            f"{commands}\nthen let the pooler open new server sessions (PgBouncer: RECONNECT on its admin "
+            "console, or restart it). Give the web and the workers their own roles if the web's other "
+            "requests must keep PostgreSQL's defaults (docs/scaling.md, PgBouncer)."
+        )
+
+
 def apply_bounds(connection: BaseDatabaseWrapper) -> None:
     if connection.vendor != "postgresql" or connection.connection is None:
+        return
+    if settings.KOALA_DATABASE_POOLING == "transaction":
+        check_role_bounds(connection)
         return
     bounds = session_bounds()
     with connection.connection.cursor() as cursor:  # the raw cursor: no Django wrapping, no recursion
@@ -73,12 +128,71 @@ def _listen() -> None:
 
 
 def bound_sessions() -> None:
-    """Bound this process's database sessions from now on (new connections and open ones)."""
+    """Bound this process's database sessions from now on (new connections and open ones).
+
+    Also checks, once, that KOALA_DATABASE_POOLING says what is really between this process and
+    PostgreSQL (``check_pooling``), so a mismatch stops the process at start, not mid-job.
+    """
     global _everywhere
     _everywhere = True
     _listen()
     for conn in connections.all(initialized_only=True):
         apply_bounds(conn)
+    check_pooling(connections["default"])
+
+
+class PoolingMismatch(ConfigError):
+    """KOALA_DATABASE_POOLING does not match what is between Koala and PostgreSQL."""
+
+
+def detect_pooling(connection: BaseDatabaseWrapper) -> str:
+    """What this connection goes through: ``direct``, ``session`` or ``transaction`` (pooling).
+
+    - A pooler answers the client's startup itself, with a backend key of its own: the pid the
+      client was told (``info.backend_pid``) is not the server session's ``pg_backend_pid()``.
+    - A transaction pooler hands a server session back to its pool at every transaction's end, and
+      PgBouncer reuses the most recently freed one first: a second client connection, opened while
+      the first stays open but idle, gets the first one's server session. A session pooler (and
+      PostgreSQL itself) cannot: the first client still holds it.
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    assert raw is not None
+    with raw.cursor() as cursor:
+        cursor.execute(sql.BACKEND_PID)
+        row = cursor.fetchone()
+    assert row is not None
+    if not raw.autocommit:  # inside a transaction (a test's, a caller's): nothing to compare across
+        return "direct" if row[0] == raw.info.backend_pid else "session"
+    if row[0] == raw.info.backend_pid:
+        return "direct"
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params, autocommit=True) as other, other.cursor() as cursor:
+        cursor.execute(sql.BACKEND_PID)
+        second = cursor.fetchone()
+    assert second is not None
+    return "transaction" if second[0] == row[0] else "session"
+
+
+def check_pooling(connection: BaseDatabaseWrapper) -> None:
+    """Refuse to run a session feature through a transaction pooler (and say how to fix it)."""
+    if connection.vendor != "postgresql":
+        return
+    configured = settings.KOALA_DATABASE_POOLING
+    found = detect_pooling(connection)
+    if configured == "direct" and found != "direct":
+        raise PoolingMismatch(
+            f"KOALA_DATABASE_POOLING=direct, but DATABASE_URL goes through a connection pooler ({found} pooling "
+            "as far as Koala can tell: the server session's pid is not the one the connection was given). "
+            f"Set KOALA_DATABASE_POOLING={found}, or point DATABASE_URL at PostgreSQL itself (docs/scaling.md, PgBouncer)."
+        )
+    if configured == "session" and found == "transaction":
+        raise PoolingMismatch(
+            "KOALA_DATABASE_POOLING=session, but DATABASE_URL goes through a transaction pooler (two client "
+            "connections were served by one server session): session settings and prepared statements would "
+            "leak between clients. Set KOALA_DATABASE_POOLING=transaction (docs/scaling.md, PgBouncer)."
+        )
 
 
 def bound_this_thread() -> None:
