@@ -64,8 +64,10 @@ try:
             )
         _db["OPTIONS"]["prepare_threshold"] = None
         _db["DISABLE_SERVER_SIDE_CURSORS"] = True
-    else:
-        # Every connection runs in UTC so that now() comparisons in SQL and Python agree.
+    elif KOALA_DATABASE_POOLING == "direct":
+        # Every connection runs in UTC so that now() comparisons in SQL and Python agree (Django
+        # sets it again with SET TIME ZONE; as a startup option it costs no round trip). Not sent
+        # to a pooler: PgBouncer refuses startup options in every pool mode.
         _db["OPTIONS"].setdefault("options", "-c timezone=UTC")
     _db["TEST"] = {"NAME": env.string("DATABASE_TEST_NAME", "") or None}
     DATABASES = {"default": _db}

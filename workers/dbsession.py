@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from django.conf import settings
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
@@ -134,11 +134,11 @@ def bound_sessions() -> None:
     PostgreSQL (``check_pooling``), so a mismatch stops the process at start, not mid-job.
     """
     global _everywhere
+    check_pooling(connections["default"])
     _everywhere = True
     _listen()
     for conn in connections.all(initialized_only=True):
         apply_bounds(conn)
-    check_pooling(connections["default"])
 
 
 class PoolingMismatch(ConfigError):
@@ -155,7 +155,18 @@ def detect_pooling(connection: BaseDatabaseWrapper) -> str:
       the first stays open but idle, gets the first one's server session. A session pooler (and
       PostgreSQL itself) cannot: the first client still holds it.
     """
-    connection.ensure_connection()
+    try:
+        connection.ensure_connection()
+    except OperationalError as exc:
+        if "unsupported startup parameter" in str(exc):
+            # PgBouncer answering: it refuses the startup options Koala sends PostgreSQL itself.
+            raise PoolingMismatch(
+                f"KOALA_DATABASE_POOLING={settings.KOALA_DATABASE_POOLING}, but DATABASE_URL goes through a "
+                f"connection pooler that refuses startup options (PgBouncer: {exc}). Set "
+                "KOALA_DATABASE_POOLING=transaction for its pool_mode=transaction (session for pool_mode=session), "
+                "or point DATABASE_URL at PostgreSQL itself (docs/scaling.md, PgBouncer)."
+            ) from None
+        raise
     raw = connection.connection
     assert raw is not None
     with raw.cursor() as cursor:
