@@ -101,9 +101,21 @@ def main() -> int:
     started = time.monotonic()
     with worker_role(params, role, session_bounds()), running(params, users=[params["USER"], role], pool_size=20) as bouncer:
         settings_for = {
-            VARIANTS[0]: {"DATABASE_URL": database_url(params), "KOALA_DATABASE_POOLING": "direct", "KOALA_PREPARED_STATEMENTS": "true"},
-            VARIANTS[1]: {"DATABASE_URL": database_url(params), "KOALA_DATABASE_POOLING": "direct", "KOALA_PREPARED_STATEMENTS": "false"},
-            VARIANTS[2]: {"DATABASE_URL": bouncer.url(user=role), "KOALA_DATABASE_POOLING": "transaction", "KOALA_PREPARED_STATEMENTS": "false"},
+            VARIANTS[0]: {
+                "DATABASE_URL": database_url(params),
+                "KOALA_DATABASE_POOLING": "direct",
+                "KOALA_PREPARED_STATEMENTS": "true",
+            },
+            VARIANTS[1]: {
+                "DATABASE_URL": database_url(params),
+                "KOALA_DATABASE_POOLING": "direct",
+                "KOALA_PREPARED_STATEMENTS": "false",
+            },
+            VARIANTS[2]: {
+                "DATABASE_URL": bouncer.url(user=role),
+                "KOALA_DATABASE_POOLING": "transaction",
+                "KOALA_PREPARED_STATEMENTS": "false",
+            },
         }
         for round_number in range(args.repeat):
             for name in VARIANTS:
@@ -115,7 +127,10 @@ def main() -> int:
     base = statistics.median(seconds[VARIANTS[0]])
     print("## PgBouncer benchmark\n")
     print(f"- {version}, pool_mode=transaction, default_pool_size=20, on 127.0.0.1 beside PostgreSQL")
-    print(f"- {args.jobs:,} no-op (`incr`) jobs per run, enqueue_many(), {args.workers} koala simple workers (--burst), {args.repeat} rounds")
+    print(
+        f"- {args.jobs:,} no-op (`incr`) jobs per run, enqueue_many(), "
+        f"{args.workers} koala simple workers (--burst), {args.repeat} rounds"
+    )
     print(f"- command: {' '.join([Path(sys.executable).name, *sys.argv])}  (total {time.monotonic() - started:.0f}s)\n")
     print("| variant | drain jobs/s (median) | min-max | vs direct |")
     print("|---|---:|---:|---:|")

@@ -27,7 +27,6 @@ import threading
 from typing import Any
 
 import psycopg
-
 from django.conf import settings
 from django.db import OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -85,9 +84,7 @@ def check_role_bounds(connection: BaseDatabaseWrapper) -> None:
         "idle_in_transaction_session_timeout": settings.KOALA_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
     }
     # 0 is "no limit"; a tighter limit than Koala's is fine.
-    missing = [
-        name for (name, seconds), ms in zip(wanted.items(), have, strict=True) if ms == 0 or ms > int(seconds * 1000) + 1
-    ]
+    missing = [name for (name, seconds), ms in zip(wanted.items(), have, strict=True) if ms == 0 or ms > int(seconds * 1000) + 1]
     if missing:
         commands = "\n  ".join(role_settings_commands(user, database))
         raise SessionBoundsMissing(

@@ -69,7 +69,9 @@ def test_kill_9_mid_body(through_pgbouncer, processes, tmp_path, stray_pids, kin
 
 
 @pytest.mark.parametrize("worker_class", ["simple", "fork"])
-def test_stale_attempt_after_lease_loss_is_rejected(through_pgbouncer, processes, tmp_path, stray_pids, worker_class: str) -> None:
+def test_stale_attempt_after_lease_loss_is_rejected(
+    through_pgbouncer, processes, tmp_path, stray_pids, worker_class: str
+) -> None:
     test_faults.test_stopped_worker_past_its_lease_cannot_change_the_outcome(processes, tmp_path, stray_pids, worker_class)
 
 
@@ -99,7 +101,9 @@ def test_http_workers_drain_through_the_api_server(api_through_pgbouncer: ApiSer
 
 
 def test_an_http_workers_operation_runs_once(api_through_pgbouncer: ApiServer, worker_key: str) -> None:
-    test_api_sdk_worker.test_an_operation_is_performed_once_across_retries_and_its_result_comes_back(api_through_pgbouncer, worker_key)
+    test_api_sdk_worker.test_an_operation_is_performed_once_across_retries_and_its_result_comes_back(
+        api_through_pgbouncer, worker_key
+    )
 
 
 # -- start-up refusals ------------------------------------------------------------------------------
@@ -148,7 +152,13 @@ def test_startup_options_are_what_pgbouncer_refuses(bouncer: PgBouncer) -> None:
     # And with the setting, Koala sends none: the management check connects through it fine.
     env = worker_env(DATABASE_URL=bouncer.url(user=role_name()), KOALA_DATABASE_POOLING="transaction")
     done = subprocess.run(
-        [sys.executable, str(REPO / "manage.py"), "shell", "-c", "from django.db import connection; connection.ensure_connection(); print('ok')"],
+        [
+            sys.executable,
+            str(REPO / "manage.py"),
+            "shell",
+            "-c",
+            "from django.db import connection; connection.ensure_connection(); print('ok')",
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,

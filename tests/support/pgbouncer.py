@@ -83,7 +83,9 @@ class PgBouncer:
         runas: list[str] = []
         if os.geteuid() == 0:  # "PgBouncer should not run as root"
             runas = [require_tool("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-        self.proc = subprocess.Popen([*runas, self.binary, str(self.folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*runas, self.binary, str(self.folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -135,7 +137,11 @@ def worker_role(params: dict[str, Any], name: str, bounds: dict[str, str]) -> It
         conn.execute(psql.SQL("DROP ROLE IF EXISTS {}").format(role))
         conn.execute(psql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(role, owner))
         for setting, value in bounds.items():
-            conn.execute(psql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(role, database, psql.Identifier(setting), psql.Literal(value)))
+            conn.execute(
+                psql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(
+                    role, database, psql.Identifier(setting), psql.Literal(value)
+                )
+            )
     try:
         yield name
     finally:

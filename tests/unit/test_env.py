@@ -134,7 +134,12 @@ def test_database_pooling_settings_stop_startup_when_they_cannot_work() -> None:
     assert prepared.returncode == 2
     assert "KOALA_PREPARED_STATEMENTS=true cannot work with KOALA_DATABASE_POOLING=transaction" in prepared.stderr
     url = os.environ["DATABASE_URL"]
-    options = _manage("check", KOALA_DATABASE_POOLING="transaction", DATABASE_URL=url + ("&" if "?" in url else "?") + "options=-c%20jit%3Doff", **key)
+    options = _manage(
+        "check",
+        KOALA_DATABASE_POOLING="transaction",
+        DATABASE_URL=url + ("&" if "?" in url else "?") + "options=-c%20jit%3Doff",
+        **key,
+    )
     assert options.returncode == 2 and "DATABASE_URL sets startup options" in options.stderr
     assert "Traceback" not in prepared.stderr + options.stderr + bad.stderr
     # Unset, KOALA_PREPARED_STATEMENTS follows the mode; an explicit false is accepted in it.
