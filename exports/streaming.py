@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import select
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class CopyReader:
                     session=self._session, statement_timeout_seconds=self._timeout, application_name=self._application_name
                 )
             try:
+                _begin_local(conn)
                 with psycopg.ClientCursor(conn) as cursor:
                     # COPY takes no bind parameters: values are quoted client-side by psycopg.
                     query = cursor.mogrify(self._statement, self._params)
@@ -230,11 +232,17 @@ def _dedicated_params(session: dict[str, str], timeout: float | None, applicatio
     params = connection_params()
     params["application_name"] = application_name
     if django_settings.KOALA_DATABASE_POOLING == "transaction":
-        params[_LOCAL_SETTINGS] = settings
+        # The pooler's sessions carry the workers' role bounds; like a direct dedicated connection
+        # (PostgreSQL's default), no time limit means none.
+        params[_LOCAL_SETTINGS] = {"statement_timeout": "0", **settings}
         return params
     options = [params.get("options", "")] + [f"-c {name}={_escape(value)}" for name, value in settings.items()]
     params["options"] = " ".join(o for o in options if o)
     return params
+
+
+# A dedicated connection -> the settings its COPY's transaction sets first (transaction pooling).
+_pending_local: weakref.WeakKeyDictionary[psycopg.Connection[Any], dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def _open(params: dict[str, Any]) -> psycopg.Connection[Any]:
@@ -242,14 +250,19 @@ def _open(params: dict[str, Any]) -> psycopg.Connection[Any]:
     local = params.pop(_LOCAL_SETTINGS, None)
     conn: psycopg.Connection[Any] = psycopg.connect(**params, autocommit=True)
     if local is not None:
-        try:
-            conn.execute(_BEGIN_READ_ONLY)
-            for name, value in local.items():
-                conn.execute(_SET_LOCAL, [name, value])
-        except BaseException:
-            conn.close()
-            raise
+        _pending_local[conn] = local
     return conn
+
+
+def _begin_local(conn: psycopg.Connection[Any]) -> None:
+    """Just before the COPY, not when the connection opens (the Connector opens it ahead): a
+    transaction left idle meanwhile would meet the role's idle_in_transaction_session_timeout."""
+    local = _pending_local.pop(conn, None)
+    if local is None:
+        return
+    conn.execute(_BEGIN_READ_ONLY)
+    for name, value in local.items():
+        conn.execute(_SET_LOCAL, [name, value])
 
 
 class Connector:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.acceptance import test_api_sdk_worker, test_effects_crashes, test_faults
+from tests.acceptance import test_api_sdk_worker, test_effects_crashes, test_exports_faults, test_faults
 from tests.conftest import REPO, subprocess_database, worker_env
 from tests.support.api_server import ApiServer
 from tests.support.effects import FakeProvider
@@ -172,3 +172,12 @@ def test_pooling_detection_sees_postgresql_itself_as_direct() -> None:
     from workers import dbsession
 
     assert dbsession.detect_pooling(connection) == "direct"
+
+
+def test_an_export_streams_its_copy_through_pgbouncer(
+    through_pgbouncer, people, export_root, processes, export_env, faults
+) -> None:
+    """The COPY's read-only mode, time limit and output format are set inside its own transaction."""
+    test_exports_faults.test_kill_9_mid_stream_publishes_nothing_partial_and_the_retry_cleans_up(
+        people, export_root, processes, export_env, faults
+    )
