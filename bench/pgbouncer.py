@@ -7,7 +7,8 @@ statements, and through PgBouncer 1.18 (pool_mode=transaction), in one run.
 Not a test: it prints a markdown table (bench/README.md, "PgBouncer benchmark"). Each variant
 enqueues ``--jobs`` jobs of the ``incr`` kind with one ``enqueue_many()``, then releases
 ``--workers`` pre-started ``koala_worker --burst`` processes (bench/throughput.py's) and times
-the drain. The variants alternate within each round, so they share the machine's state.
+the drain. The variants alternate within each round, each round starting with the next one, so
+they share the machine's state and none always runs first.
 The PgBouncer variant's workers log in as a role of their own whose settings are the session
 bounds (docs/scaling.md, "PgBouncer"); the role is dropped at the end.
 
@@ -118,7 +119,9 @@ def main() -> int:
             },
         }
         for round_number in range(args.repeat):
-            for name in VARIANTS:
+            # Each round starts with the next variant: no variant always runs first (or last).
+            shift = round_number % len(VARIANTS)
+            for name in VARIANTS[shift:] + VARIANTS[:shift]:
                 with environment(**settings_for[name]):
                     took, found = drain(args.jobs, args.workers, logdir, f"[round {round_number + 1}] {name}")
                 seconds[name].append(took)

@@ -19,6 +19,13 @@ RQ worker's writes through its own), while its other requests (the admin, the co
 calls) keep PostgreSQL's defaults like migrations and management commands (a concurrent index
 build or a large COPY may rightly take minutes). The export stream's own read-only connection
 sets its statement timeout from the export's time limit (exports/streaming.py).
+
+Through a transaction pooler (``KOALA_DATABASE_POOLING=transaction``, PgBouncer's
+``pool_mode=transaction``) a per-session SET cannot hold: the next transaction may run on another
+server session, and this one's would stay behind for another client. There the bounds must be the
+login role's own settings, and ``apply_bounds`` only checks them (``check_role_bounds``, whose
+refusal prints the ``ALTER ROLE`` commands). ``check_pooling`` refuses to start a process whose
+setting does not match the pooler it finds (docs/scaling.md, "PgBouncer").
 """
 
 from __future__ import annotations
@@ -207,6 +214,15 @@ def bound_this_thread() -> None:
     """Bound the sessions this thread opens from now on, and the one it holds (a pool thread's
     initializer: the API server's threads that serve HTTP workers' calls)."""
     _this_thread.bounded = True
+    with _pooling_checked_lock:
+        global _pooling_checked
+        if not _pooling_checked:  # once per process: the first pool thread checks for all of them
+            check_pooling(connections["default"])
+            _pooling_checked = True
     _listen()
     for conn in connections.all(initialized_only=True):
         apply_bounds(conn)
+
+
+_pooling_checked = False
+_pooling_checked_lock = threading.Lock()
