@@ -95,12 +95,12 @@ def main() -> int:
 
     params = dict(connection.settings_dict)
     role = f"koala_bench_pgbouncer_{os.getpid()}"
-    version = subprocess.run(["/usr/sbin/pgbouncer", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     logdir = Path(tempfile.mkdtemp(prefix="koala-bench-pgbouncer-"))
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     problems: list[str] = []
     started = time.monotonic()
     with worker_role(params, role, session_bounds()), running(params, users=[params["USER"], role], pool_size=20) as bouncer:
+        version = subprocess.run([bouncer.binary, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         settings_for = {
             VARIANTS[0]: {
                 "DATABASE_URL": database_url(params),
