@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-api bench-api-start bench-resources requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-pgbouncer bench-api bench-api-start bench-resources requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -124,6 +124,11 @@ bench-prune: bootstrap ## Retention benchmark: prune a 1M-job backlog beside a l
 bench-metrics: bootstrap ## Metrics scrape benchmark: GET /metrics p50/p95 at 1M jobs (bench/metrics_scrape.py; BENCH_ARGS=--jobs 20000)
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.metrics_scrape "$$@"' \
+		$(PY) $(BENCH_ARGS)
+
+bench-pgbouncer: bootstrap ## Drain rate direct vs direct without prepared statements vs through PgBouncer (transaction mode), one run (bench/pgbouncer.py)
+	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
+		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.pgbouncer "$$@"' \
 		$(PY) $(BENCH_ARGS)
 
 bench-flat: bootstrap ## Flat-cost benchmark: drain rate, claim/complete latency, worker RSS at 10k/100k/1M finished jobs (bench/flat.py)

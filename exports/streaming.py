@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import select
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from django.conf import settings as django_settings
 from django.db import connection
 from psycopg import errors, pq
 
@@ -111,6 +113,7 @@ class CopyReader:
                     session=self._session, statement_timeout_seconds=self._timeout, application_name=self._application_name
                 )
             try:
+                _begin_local(conn)
                 with psycopg.ClientCursor(conn) as cursor:
                     # COPY takes no bind parameters: values are quoted client-side by psycopg.
                     query = cursor.mogrify(self._statement, self._params)
@@ -146,6 +149,14 @@ class CopyReader:
             if not conn.closed:
                 conn.pgconn.nonblocking = 0
             return
+        if not conn.closed and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            # The transaction-pooling case's own transaction: ended here, so the pooler gets
+            # its server session back clean rather than closing it for a client gone mid-transaction.
+            try:
+                conn.pgconn.nonblocking = 0
+                conn.execute("ROLLBACK")
+            except (psycopg.Error, OSError):
+                pass
         conn.close()
 
     def _await_result(self) -> None:
@@ -199,7 +210,16 @@ def dedicated_connection(
     *, session: dict[str, str], statement_timeout_seconds: float | None, application_name: str
 ) -> psycopg.Connection[Any]:
     """A new autocommit connection of the reader's own, to Django's default database."""
-    return psycopg.connect(**_dedicated_params(session, statement_timeout_seconds, application_name), autocommit=True)
+    return _open(_dedicated_params(session, statement_timeout_seconds, application_name))
+
+
+# Through a transaction pooler (KOALA_DATABASE_POOLING=transaction) the settings cannot be startup
+# options (PgBouncer 1.18 refuses them) nor session settings (the next transaction may run on
+# another server session, and this one's would stay behind for another client): the COPY runs in
+# a read-only transaction of its own that sets them first, local to it.
+_LOCAL_SETTINGS = "_koala_local_settings"
+_BEGIN_READ_ONLY = "BEGIN READ ONLY"
+_SET_LOCAL = "SELECT set_config(%s, %s, true)"
 
 
 def _dedicated_params(session: dict[str, str], timeout: float | None, application_name: str) -> dict[str, Any]:
@@ -210,9 +230,39 @@ def _dedicated_params(session: dict[str, str], timeout: float | None, applicatio
     if timeout is not None:
         settings["statement_timeout"] = f"{max(int(timeout * 1000), 1)}ms"
     params = connection_params()
+    params["application_name"] = application_name
+    if django_settings.KOALA_DATABASE_POOLING == "transaction":
+        # The pooler's sessions carry the workers' role bounds; like a direct dedicated connection
+        # (PostgreSQL's default), no time limit means none.
+        params[_LOCAL_SETTINGS] = {"statement_timeout": "0", **settings}
+        return params
     options = [params.get("options", "")] + [f"-c {name}={_escape(value)}" for name, value in settings.items()]
-    params.update(application_name=application_name, options=" ".join(o for o in options if o))
+    params["options"] = " ".join(o for o in options if o)
     return params
+
+
+# A dedicated connection -> the settings its COPY's transaction sets first (transaction pooling).
+_pending_local: weakref.WeakKeyDictionary[psycopg.Connection[Any], dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _open(params: dict[str, Any]) -> psycopg.Connection[Any]:
+    params = dict(params)
+    local = params.pop(_LOCAL_SETTINGS, None)
+    conn: psycopg.Connection[Any] = psycopg.connect(**params, autocommit=True)
+    if local is not None:
+        _pending_local[conn] = local
+    return conn
+
+
+def _begin_local(conn: psycopg.Connection[Any]) -> None:
+    """Just before the COPY, not when the connection opens (the Connector opens it ahead): a
+    transaction left idle meanwhile would meet the role's idle_in_transaction_session_timeout."""
+    local = _pending_local.pop(conn, None)
+    if local is None:
+        return
+    conn.execute(_BEGIN_READ_ONLY)
+    for name, value in local.items():
+        conn.execute(_SET_LOCAL, [name, value])
 
 
 class Connector:
@@ -239,7 +289,7 @@ class Connector:
 
     def _open(self) -> None:
         try:
-            self._conn = psycopg.connect(**self._params, autocommit=True)
+            self._conn = _open(self._params)
         except BaseException as exc:  # handed to the caller by take()
             self._error = exc
 

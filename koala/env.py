@@ -89,6 +89,17 @@ def number(name: str, default: float, *, minimum: float | None = None) -> float:
     return result
 
 
+def choice(name: str, default: str, choices: list[str]) -> str:
+    """One of ``choices`` (case-insensitive; surrounding spaces ignored)."""
+    value = raw(name)
+    if value is None or value.strip() == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}.")
+    return lowered
+
+
 def string_list(name: str, default: list[str]) -> list[str]:
     value = raw(name)
     if value is None or value.strip() == "":

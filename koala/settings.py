@@ -45,8 +45,30 @@ try:
     _db["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {})
-    # Every connection runs in UTC so that now() comparisons in SQL and Python agree.
-    _db["OPTIONS"].setdefault("options", "-c timezone=UTC")
+    # What sits between Koala and PostgreSQL (docs/scaling.md, "PgBouncer"): direct (nothing),
+    # session (a pooler that gives each client connection one server session for its whole life)
+    # or transaction (PgBouncer's pool_mode=transaction: each transaction may run on another
+    # server session, so nothing may outlive a transaction). workers/dbsession.py checks at start
+    # that the setting matches what it finds.
+    KOALA_DATABASE_POOLING = env.choice("KOALA_DATABASE_POOLING", "direct", ["direct", "session", "transaction"])
+    if KOALA_DATABASE_POOLING == "transaction":
+        # PgBouncer 1.18 refuses libpq startup options ("unsupported startup parameter: options"),
+        # prepared statements outlive the transaction that made them, and a server-side cursor of
+        # an autocommit query (Django's .iterator()) is a WITH HOLD cursor: session state.
+        # Django still sets the time zone (SET TIME ZONE, a parameter PgBouncer tracks per client).
+        if "options" in _db["OPTIONS"]:
+            raise ConfigError(
+                "DATABASE_URL sets startup options, which PgBouncer in transaction mode refuses "
+                "(KOALA_DATABASE_POOLING=transaction): remove ?options=… and set per-role settings instead "
+                "(ALTER ROLE … SET …, docs/scaling.md)."
+            )
+        _db["OPTIONS"]["prepare_threshold"] = None
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+    elif KOALA_DATABASE_POOLING == "direct":
+        # Every connection runs in UTC so that now() comparisons in SQL and Python agree (Django
+        # sets it again with SET TIME ZONE; as a startup option it costs no round trip). Not sent
+        # to a pooler: PgBouncer refuses startup options in every pool mode.
+        _db["OPTIONS"].setdefault("options", "-c timezone=UTC")
     _db["TEST"] = {"NAME": env.string("DATABASE_TEST_NAME", "") or None}
     DATABASES = {"default": _db}
     REDIS_URL = _redis_url
@@ -84,7 +106,14 @@ try:
     # The engine's hot statements are prepared once per database session (workers/prepared.py).
     # Off behind a pooler that gives each transaction another server session (PgBouncer's
     # transaction mode), where a statement prepared on one is missing on the next.
-    KOALA_PREPARED_STATEMENTS = env.boolean("KOALA_PREPARED_STATEMENTS", True)
+    # Default: on, except through a transaction pooler, where an explicit true is refused.
+    KOALA_PREPARED_STATEMENTS = env.boolean("KOALA_PREPARED_STATEMENTS", KOALA_DATABASE_POOLING != "transaction")
+    if KOALA_PREPARED_STATEMENTS and KOALA_DATABASE_POOLING == "transaction":
+        raise ConfigError(
+            "KOALA_PREPARED_STATEMENTS=true cannot work with KOALA_DATABASE_POOLING=transaction: a statement "
+            "prepared in one transaction is missing from the server session the next one runs on. Unset it "
+            "(it defaults to false in that mode) or set KOALA_PREPARED_STATEMENTS=false."
+        )
     KOALA_DOORBELL_DEPTH = env.integer("KOALA_DOORBELL_DEPTH", 4, minimum=1)
     # Retention (docs/operations.md, "Retention"): finished jobs, their attempts and what hangs on
     # them are deleted this many days after they finished, by the beat, in batches of

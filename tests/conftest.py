@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -76,9 +77,28 @@ def redis_clean() -> Iterator[None]:
     doorbell.redis_connection().flushdb()
 
 
+# Set by subprocess_database(): the URL (and settings) subprocesses use instead of the direct one.
+_subprocess_database: dict[str, str] = {}
+
+
 def database_url_for_subprocess() -> str:
-    """A URL for the test database, for worker subprocesses (built from the live connection)."""
-    return database_url(connection.settings_dict)
+    """A URL for the test database, for worker subprocesses (built from the live connection, unless
+    subprocess_database() points them elsewhere: PgBouncer, tests/support/pgbouncer.py)."""
+    return _subprocess_database.get("DATABASE_URL") or database_url(connection.settings_dict)
+
+
+@contextlib.contextmanager
+def subprocess_database(url: str, **settings_: str) -> Iterator[None]:
+    """Within: subprocesses (worker_env, database_url_for_subprocess) reach the test database at
+    ``url`` with ``settings_`` (e.g. KOALA_DATABASE_POOLING) in their environment."""
+    saved = dict(_subprocess_database)
+    _subprocess_database.clear()
+    _subprocess_database.update(DATABASE_URL=url, **settings_)
+    try:
+        yield
+    finally:
+        _subprocess_database.clear()
+        _subprocess_database.update(saved)
 
 
 def worker_env(**extra: str) -> dict[str, str]:
@@ -98,6 +118,7 @@ def worker_env(**extra: str) -> dict[str, str]:
             "LOG_LEVEL": "INFO",
         }
     )
+    env.update(_subprocess_database)
     env.update(extra)
     return env
 

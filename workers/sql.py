@@ -939,6 +939,18 @@ SESSION_BOUNDS = (
     "set_config('idle_in_transaction_session_timeout', %s, false)"
 )
 
+# Through a transaction pooler the bounds cannot be set per session (the next transaction may run on
+# another server session): they must come from the role's settings; this reads what a session has.
+SESSION_BOUNDS_CURRENT = (
+    "SELECT current_user, current_database(), "
+    "(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), "
+    "(SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'), "
+    "(SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')"
+)
+
+# Which server session answers (pooler detection, workers.dbsession.check_pooling).
+BACKEND_PID = "SELECT pg_backend_pid()"
+
 # -- the console's dashboard (console.selectors.dashboard) -------------------------------------------
 #
 # Every figure of the page is one bounded index read, whatever the table holds (issue 9, scenario

@@ -34,6 +34,7 @@ BENCHES = {
         ["--jobs", "2000", "--reps", "3", "--page-reps", "2", "--dashboard-reps", "1", "--before-reps", "1", "--force"],
         "| engine | claim (leases.claim_next) |",
     ),
+    "pgbouncer": (["--jobs", "30", "--workers", "1", "--repeat", "1", "--force"], "| PgBouncer (transaction) |"),
     "resources": (["--rows", "2000", "--jobs", "20", "--force"], "| worker `fork` | its work horse alone, at its peak |"),
     "http_start": (["--calls", "5", "--repeat", "1", "--workers", "2", "--force"], "| `POST /api/v1/jobs`, 1 client |"),
     "worker_api": (

@@ -112,3 +112,36 @@ def test_a_config_error_is_improperly_configured() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     assert issubclass(ConfigError, ImproperlyConfigured)
+
+
+def test_a_choice_is_one_of_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KOALA_T_FILE", raising=False)
+    monkeypatch.setenv("KOALA_T", " Transaction ")
+    assert env.choice("KOALA_T", "direct", ["direct", "transaction"]) == "transaction"
+    monkeypatch.setenv("KOALA_T", "")
+    assert env.choice("KOALA_T", "direct", ["direct", "transaction"]) == "direct"
+    monkeypatch.setenv("KOALA_T", "statement")
+    with pytest.raises(ConfigError, match="KOALA_T='statement' is not one of direct, transaction"):
+        env.choice("KOALA_T", "direct", ["direct", "transaction"])
+
+
+@pytest.mark.slow  # manage.py subprocesses
+def test_database_pooling_settings_stop_startup_when_they_cannot_work() -> None:
+    key = {"SECRET_KEY": "k1-" + "abcdefghij" * 5}
+    bad = _manage("check", KOALA_DATABASE_POOLING="statement", **key)
+    assert bad.returncode == 2 and "KOALA_DATABASE_POOLING='statement' is not one of direct, session, transaction" in bad.stderr
+    prepared = _manage("check", KOALA_DATABASE_POOLING="transaction", KOALA_PREPARED_STATEMENTS="true", **key)
+    assert prepared.returncode == 2
+    assert "KOALA_PREPARED_STATEMENTS=true cannot work with KOALA_DATABASE_POOLING=transaction" in prepared.stderr
+    url = os.environ["DATABASE_URL"]
+    options = _manage(
+        "check",
+        KOALA_DATABASE_POOLING="transaction",
+        DATABASE_URL=url + ("&" if "?" in url else "?") + "options=-c%20jit%3Doff",
+        **key,
+    )
+    assert options.returncode == 2 and "DATABASE_URL sets startup options" in options.stderr
+    assert "Traceback" not in prepared.stderr + options.stderr + bad.stderr
+    # Unset, KOALA_PREPARED_STATEMENTS follows the mode; an explicit false is accepted in it.
+    assert _manage("check", KOALA_DATABASE_POOLING="transaction", **key).returncode == 0
+    assert _manage("check", KOALA_DATABASE_POOLING="transaction", KOALA_PREPARED_STATEMENTS="false", **key).returncode == 0
