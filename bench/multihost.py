@@ -22,6 +22,7 @@ last worker loop returned. Beside it, while the workers drain:
 - lock waits: pg_stat_activity sampled every 50 ms: mean backends active, and mean waiting on a
   heavyweight lock (wait_event_type Lock) or an LWLock.
 
+The two placements of a count run back to back, in alternating order from round to round.
 Every host shares this machine's CPUs: the two-host column measures the network path's overhead
 (veth, bridge, TCP instead of the same namespace's TCP), not added capacity.
 """
@@ -330,7 +331,8 @@ def main() -> int:
                 (pg_version,) = cursor.fetchone()
             for round_number in range(args.repeat):
                 for workers in counts:
-                    for placement in PLACEMENTS:
+                    # Alternate which placement goes first: the machine's other load drifts.
+                    for placement in PLACEMENTS if (round_number + workers) % 2 == 0 else PLACEMENTS[::-1]:
                         logdir = cluster.dir / f"run-{round_number}-{workers}-{placement.replace(' ', '-')}"
                         logdir.mkdir()
                         env = host_env(cluster, workers) | {"SECRET_KEY": "bench-multihost-" + "x" * 40}

@@ -14,6 +14,7 @@ ledger row belongs to the winner), tests.support.fleet.assert_engine_invariants 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from devtools.sandbox.provider import ProviderControl
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 from tests.support.effects import PROVIDER_API_KEY
 from tests.support.fleet import assert_engine_invariants, attempts, rq_workers, wait_all_terminal, wait_state, wait_workers_ready
 from tests.support.netns import PG_PORT, PROVIDER_PORT, REDIS_PORT, Cluster, require_netns
@@ -264,3 +265,27 @@ def test_a_host_killed_mid_run_the_other_finishes_with_one_effect_each(hosts: Cl
     assert_one_effect_per_key(provider, references)
     assert provider_stats(hosts, provider)["max_in_flight"]["charges"] <= 3, "the concurrency budget held across hosts"
     assert_engine_invariants()
+
+
+def test_the_multihost_benchmark_runs_with_tiny_sizes() -> None:
+    """bench/multihost.py end to end (its own cluster), as `make bench-multihost` starts it: kept runnable, not timed."""
+    require_netns()
+    before = namespaces()
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.multihost", "--jobs", "20", "--workers", "2"],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 2 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["db host", "two hosts"], output[-4000:]
+    assert namespaces() <= before, "the benchmark deleted the hosts it made"
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
