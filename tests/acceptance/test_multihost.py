@@ -3,8 +3,11 @@ that stop (nft drop, tc netem) in one host's namespace.
 
 Topology: ``db`` runs its own PostgreSQL and redis-server; ``w1`` and ``w2`` run workers; ``web``
 runs the beat and the sandbox payment provider (the outside world). Every host reaches the others
-only through its own interface. The test reads rows in the db host's PostgreSQL with Koala's models
-(over its unix socket) and counts effects in the provider's own record (its state file).
+only through its own interface. Faults are made in one host's namespace: nft drops for a partition,
+delay and loss with tc netem (or, on a kernel without netem, an nft loss rule and a delaying relay
+inside the host: tests/support/netns.py, Host.impair). The test reads rows in the db host's
+PostgreSQL with Koala's models (over its unix socket) and counts effects in the provider's own
+record (its state file). What each scenario showed: docs/scaling.md, "Workers on many hosts".
 
 Invariants asserted in every scenario: no job lost (every job ends succeeded), one effect per
 operation key at the provider, stale attempts rejected (an orphaned attempt stays orphaned, the
@@ -174,7 +177,7 @@ def test_a_host_cut_from_redis_only_loses_nothing_and_rejoins(hosts: Cluster) ->
     wait_workers_ready([cut, peer])
     hosts["web"].manage("koala_beat", env=env, name="beat")
     hosts["w1"].partition_from(hosts.db.address, REDIS_PORT)
-    seen_before = WorkerProcess.objects.get(pid=cut.pid, stopped_at__isnull=True).last_seen_at
+    seen_before = WorkerProcess.objects.get(pid=cut.pid, name="cut").last_seen_at
 
     ids = [r.job_id for r in enqueue_many(specs=[JobSpec(kind="noop", input={}) for _ in range(40)])]
     wait_all_terminal(ids, timeout=60)
@@ -182,7 +185,7 @@ def test_a_host_cut_from_redis_only_loses_nothing_and_rejoins(hosts: Cluster) ->
     # nothing; the peer does all of it. It still heartbeats on PostgreSQL: it stays registered.
     assert worker_names(ids) == Counter({"peer": 40})
     wait_for(
-        lambda: WorkerProcess.objects.get(pid=cut.pid).last_seen_at > seen_before, timeout=10, what="the cut worker's heartbeat"
+        lambda: WorkerProcess.objects.get(pid=cut.pid, name="cut").last_seen_at > seen_before, timeout=10, what="the cut worker's heartbeat"
     )
     assert cut.poll() is None
 
@@ -239,13 +242,13 @@ def test_a_host_killed_mid_run_the_other_finishes_with_one_effect_each(hosts: Cl
     )
     fault(hosts, provider, "slow", resource="charges", seconds=0.3)
     env = charge_env(hosts, provider)
-    workers = [hosts[h].worker("--name", f"{h}-{n}", env=env) for h in ("w1", "w2") for n in range(2)]
+    workers = [hosts[h].worker("--name", f"{h}-kill-{n}", env=env) for h in ("w1", "w2") for n in range(2)]
     wait_workers_ready(workers, timeout=40)
     hosts["web"].manage("koala_beat", env=env, name="beat")
 
     references = [f"mh-kill-{n}" for n in range(40)]
     ids = [r.job_id for r in enqueue_many(specs=[JobSpec(kind="shop.order_and_charge", input=_order(r)) for r in references])]
-    w1_ids = set(WorkerProcess.objects.filter(name__startswith="w1-").values_list("pk", flat=True))
+    w1_ids = set(WorkerProcess.objects.filter(name__startswith="w1-kill-").values_list("pk", flat=True))
     wait_for(
         lambda: (
             Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() >= 8
