@@ -185,7 +185,9 @@ def test_a_host_cut_from_redis_only_loses_nothing_and_rejoins(hosts: Cluster) ->
     # nothing; the peer does all of it. It still heartbeats on PostgreSQL: it stays registered.
     assert worker_names(ids) == Counter({"peer": 40})
     wait_for(
-        lambda: WorkerProcess.objects.get(pid=cut.pid, name="cut").last_seen_at > seen_before, timeout=10, what="the cut worker's heartbeat"
+        lambda: WorkerProcess.objects.get(pid=cut.pid, name="cut").last_seen_at > seen_before,
+        timeout=10,
+        what="the cut worker's heartbeat",
     )
     assert cut.poll() is None
 
