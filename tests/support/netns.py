@@ -61,7 +61,7 @@ def netns_unavailable() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add)"
-    for tool in ("ip", "tc", "nft"):
+    for tool in ("ip", "tc", "nft", "redis-server", "setpriv"):
         if shutil.which(tool) is None:
             return f"{tool} not found: {HOW_TO_INSTALL}"
     if not glob.glob("/usr/lib/postgresql/*/bin/initdb"):
