@@ -24,7 +24,7 @@ ARGS        ?=
 BENCH_ARGS  ?=
 PIP_COMPILE := $(VENV)/bin/pip-compile --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-pgbouncer bench-api bench-api-start bench-resources requirements clean
+.PHONY: help bootstrap run manage test test-fast test-services unit lint format typecheck bench bench-peers bench-peers-env bench-exports bench-capacity bench-scale bench-prune bench-metrics bench-flat bench-pgbouncer bench-api bench-api-start bench-multihost bench-resources requirements clean
 
 help: ## Show this help
 	@echo "Koala make targets:"
@@ -135,6 +135,12 @@ bench-flat: bootstrap ## Flat-cost benchmark: drain rate, claim/complete latency
 	KOALA_EMBEDDED_DATABASE=koala_bench KOALA_EMBEDDED_REDIS_DB=5 $(WITH_SERVICES) \
 		sh -c '"$$0" manage.py migrate --noinput --skip-checks -v 0 && exec "$$0" -m bench.flat "$$@"' \
 		$(PY) $(BENCH_ARGS)
+
+# Workers on two network-namespace hosts against a database host, beside the same count on the
+# database host, 2 -> 4 -> 8 processes (bench/multihost.py). Needs root: it builds its own hosts,
+# PostgreSQL cluster and Redis (tests/support/netns.py) and deletes them; about 3 minutes.
+bench-multihost: bootstrap ## Throughput across hosts: workers on 2 namespace hosts vs the db host, 2/4/8 processes (bench/multihost.py)
+	$(PY) -m bench.multihost $(BENCH_ARGS)
 
 # One uvicorn process serving koala.asgi: an idle long-polling fleet's cost, wake-up latency, and
 # an HTTP worker's jobs/s against the RQ runtime's (bench/worker_api.py; BENCH_ARGS=...).

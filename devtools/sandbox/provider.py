@@ -560,10 +560,10 @@ class ProviderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # a held request (commit then time out) must not delay shutdown
 
-    def __init__(self, port: int, state: ProviderState, *, verbose: bool = False) -> None:
+    def __init__(self, port: int, state: ProviderState, *, verbose: bool = False, host: str = "127.0.0.1") -> None:
         self.state = state
         self.verbose = verbose
-        super().__init__(("127.0.0.1", port), Handler)
+        super().__init__((host, port), Handler)
 
 
 # -- reading the record and steering the provider, from any process ------------------------------
@@ -629,10 +629,12 @@ class ProviderControl:
 class FakeProvider(ProviderControl):
     """The provider in a thread of this process (the pytest fixture's way)."""
 
-    def __init__(self, state_file: Path, *, api_key: str = "", port: int = 0, verbose: bool = False) -> None:
+    def __init__(
+        self, state_file: Path, *, api_key: str = "", port: int = 0, verbose: bool = False, host: str = "127.0.0.1"
+    ) -> None:
         self.state = ProviderState(Path(state_file), api_key=api_key)
-        self.server = ProviderHTTPServer(port, self.state, verbose=verbose)
-        super().__init__(f"http://127.0.0.1:{self.server.server_address[1]}", state_file)
+        self.server = ProviderHTTPServer(port, self.state, verbose=verbose, host=host)
+        super().__init__(f"http://{host}:{self.server.server_address[1]}", state_file)
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
@@ -658,8 +660,11 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key", default=os.environ.get("FAKE_PROVIDER_API_KEY", ""), help="require 'Authorization: Bearer KEY'"
     )
     parser.add_argument("--verbose", action="store_true", help="log each request to stderr")
+    # Another address only inside a private network namespace (tests/support/netns.py): the
+    # provider stays a loopback-only tool on the machine's own network.
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     args = parser.parse_args(argv)
-    provider = FakeProvider(args.state, api_key=args.api_key, port=args.port, verbose=args.verbose)
+    provider = FakeProvider(args.state, api_key=args.api_key, port=args.port, verbose=args.verbose, host=args.host)
 
     def stop(signum: int, frame: Any) -> None:
         # shutdown() waits for serve_forever, so it cannot run on the serving (main) thread.
