@@ -41,7 +41,7 @@ from django.db import InterfaceError, OperationalError, connection
 from api import protocol
 from api.protocol import ClaimPass, Registration
 from workers import dbsession, doorbell
-from workers.services.leases import Lease
+from workers.services.leases import Lease, WorkerFull
 
 log = logging.getLogger("koala.api")
 T = TypeVar("T")
@@ -127,7 +127,7 @@ class Hub:
         worker that has called stop)."""
         self._ensure_started()
         assert self.loop is not None and self._wake is not None
-        if protocol.is_stopping(registration.worker_id):
+        if registration.stopping or protocol.is_stopping(registration.worker_id):
             return []
         self._seen.add(registration.worker_id)
         waiter = _Waiter(registration=registration, count=count, future=self.loop.create_future())
@@ -256,16 +256,17 @@ class Hub:
             registration = waiter.registration
             if registration.signature in empty:
                 continue
-            # Exact, from the database, right before claiming: leases end elsewhere too (the
-            # reaper, a cancel, another server process the worker also talks to). Only waiters
-            # whose signature may have work pay this query; an idle round stops at the first
-            # empty claim of each signature.
-            held = protocol.count_held(worker_id=registration.worker_id)
-            count = min(waiter.count, registration.concurrency - held)
-            if count <= 0:
-                results.append((waiter, OverConcurrency(held)))
+            # The claim decides from the worker's row, locked for its transaction: its kinds, a
+            # stop, and its concurrency against the leases it holds now, whichever server process
+            # claimed them (leases.claim_for_worker). Only waiters whose signature may have work
+            # pay for it; an idle round stops at the first empty claim of each signature.
+            got = protocol.claim_for(registration, count=waiter.count, state=state)
+            if isinstance(got, WorkerFull):
+                results.append((waiter, OverConcurrency(got.held)))
                 continue
-            got = protocol.claim_for(registration, count=count, state=state)
+            if got is None:  # stopped or asked to stop meanwhile (through any server process)
+                results.append((waiter, []))
+                continue
             if got:
                 results.append((waiter, got))
             else:
