@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from api import protocol
+from api import http, protocol
 from api.protocol import ClaimPass, Registration
 from workers import dbsession, doorbell
 from workers.services.leases import Lease, WorkerFull
@@ -89,6 +89,11 @@ class Hub:
         self.executor = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="koala-api-db", initializer=dbsession.bound_this_thread
         )
+        self.threads = threads
+        # Calls handed to the pool and not finished (running or queued): the event loop alone
+        # changes it, so no lock. Requests beyond threads + KOALA_API_MAX_QUEUED_CALLS are refused
+        # (``call``) rather than queued without bound; the hub's own work is never refused.
+        self.pending = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -108,7 +113,19 @@ class Hub:
             self._ensure_started()  # the first API call: start the poller and the Redis listener
         context = contextvars.copy_context()  # the request's redaction context follows the call
         call = functools.partial(context.run, _in_thread, fn, *args, **kwargs)
-        return await loop.run_in_executor(self.executor, call)
+        self.pending += 1
+        try:
+            return await loop.run_in_executor(self.executor, call)
+        finally:
+            self.pending -= 1
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A request's call into the pool (``run``), refused with 503 busy when every thread is
+        taken and KOALA_API_MAX_QUEUED_CALLS calls already wait for one."""
+        queued = int(getattr(settings, "KOALA_API_MAX_QUEUED_CALLS", 64))
+        if self.pending >= self.threads + queued:
+            raise http.busy(f"{self.pending} calls hold or wait for its {self.threads} database threads")
+        return await self.run(fn, *args, **kwargs)
 
     # -- acquire ---------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -139,6 +156,11 @@ class Hub:
                     raise got
                 return got
             return []
+        limit = int(getattr(settings, "KOALA_API_MAX_WAITING", 1000))
+        if len(self.waiters) >= limit:
+            # Each waiting acquire is an open request: past the bound the worker comes back later
+            # (a few seconds: the waiting ones are answered within their wait).
+            raise http.busy(f"{len(self.waiters)} acquires are waiting here (KOALA_API_MAX_WAITING)", retry_after=5)
         self.waiters.append(waiter)
         if registration.signature not in self._empty:
             self._wake.set()  # its last look found work (or it is new): look now

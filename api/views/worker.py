@@ -46,7 +46,10 @@ def worker_call(view: Callable[..., HttpResponse]) -> View:
             return ApiError(
                 405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers=allow
             ).response()
-        return await hub().run(_serve, view, request, args, kwargs)
+        try:
+            return await hub().call(_serve, view, request, args, kwargs)
+        except ApiError as refused:  # busy: the pool's queue is full
+            return refused.response()
 
     return csrf_exempt(wrapped)
 
@@ -185,12 +188,17 @@ async def acquire(request: HttpRequest, worker_id: str) -> HttpResponse:
         return ApiError(
             405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers={"Allow": "POST"}
         ).response()
-    prepared = await hub().run(_serve, _acquiring, request, (), {"worker_id": worker_id})
+    try:
+        prepared = await hub().call(_serve, _acquiring, request, (), {"worker_id": worker_id})
+    except ApiError as refused:  # busy: the pool's queue is full
+        return refused.response()
     if isinstance(prepared, HttpResponse):
         return prepared
     registration, count, wait = prepared
     try:
         got = await hub().acquire(registration, count=count, wait=wait)
+    except ApiError as refused:  # busy: as many acquires wait here as KOALA_API_MAX_WAITING allows
+        return refused.response()
     except OverConcurrency as over:
         return ApiError(
             429,
