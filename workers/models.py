@@ -336,7 +336,10 @@ class WorkerProcess(models.Model):
     # The contract of each kind as this process loaded it: "name@version" -> a digest of its
     # policy (workers.kinds.JobKind.contract_digest). Two hosts serving one kind@version with
     # different digests loaded different kind modules (workers.selectors.workers.contract_mismatches).
-    contracts = models.JSONField(default=dict, blank=True, help_text='"name@version" -> digest of its contract.')
+    # db_default: a worker of the previous release, still running during a deploy, writes rows without it.
+    contracts = models.JSONField(
+        default=dict, blank=True, db_default=models.Value("{}"), help_text='"name@version" -> digest of its contract.'
+    )
 
     class Meta:
         ordering = ["-last_seen_at"]

@@ -3,7 +3,7 @@ the claim in every API server process) and ``contracts`` (the digest of each kin
 the worker's process loaded it).
 
 Expand only: both are new, nullable or with a default; the release before neither reads nor
-writes them, and a row it writes gets the defaults.
+writes them, and a row it writes gets the database's defaults (``contracts``: ``{}``).
 """
 
 from django.db import migrations, models
@@ -21,6 +21,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="workerprocess",
             name="contracts",
-            field=models.JSONField(blank=True, default=dict, help_text='"name@version" -> digest of its contract.'),
+            field=models.JSONField(
+                blank=True, default=dict, db_default=models.Value("{}"), help_text='"name@version" -> digest of its contract.'
+            ),
         ),
     ]
