@@ -189,8 +189,10 @@ class Hub:
         return ended
 
     def started(self, worker_id: str) -> None:
-        """On the event loop: ``worker_id`` registered (again): its acquires wait as usual."""
+        """On the event loop: ``worker_id`` registered (again): its acquires wait as usual, with
+        what it serves now read again from its row (it may have registered through another process)."""
         protocol.forget_stopping(worker_id)
+        protocol.forget_registration(worker_id)
 
     def announce(self, event: str, worker_id: str) -> None:
         """Tell every server process (this one too) that ``worker_id`` stops or starts (``event``):

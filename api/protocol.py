@@ -161,7 +161,7 @@ def register(
         # than let one key act as another's worker.
         raise ApiError(403, "forbidden", f"name: worker {worker_id!r} is registered with another API key") from None
     forget_stopping(worker_id)  # a name that stopped may start again (other server processes hear it: api.poller)
-    return Registration(
+    found = Registration(
         worker_id=worker_id,
         served=tuple(sorted(set(pairs))),
         queues=tuple(chosen),
@@ -169,6 +169,8 @@ def register(
         key_prefix=key_prefix,
         steps=steps,
     )
+    _remember(found)
+    return found
 
 
 def _definition_kinds(name: str, version: int, named: Sequence[str]) -> list[tuple[kinds.JobKind, str]]:
@@ -195,19 +197,33 @@ def _definition_kinds(name: str, version: int, named: Sequence[str]) -> list[tup
     return found
 
 
-def registration(*, worker_id: str, key_prefix: str) -> Registration:
+# What this process last read of each worker's row: a hint for the acquire (which queues to probe,
+# which waiters look alike), never the authority. Every claim re-reads the row under its lock and
+# takes only what the row allows now (leases.claim_for_worker), refreshing or dropping the entry;
+# every lease call reads the row (``fresh``). So an idle fleet's acquires cost no query, and what
+# another server process changed holds here at the next claim.
+_MAX_CACHED = 100_000
+_registrations: dict[str, Registration] = {}
+_registrations_lock = threading.Lock()
+
+
+def registration(*, worker_id: str, key_prefix: str, fresh: bool = False) -> Registration:
     """The worker ``worker_id`` registered with key ``key_prefix``, or 404.
 
-    Read from its row at every call (one primary-key read), never kept in this process: the worker
-    may register again, stop or be taken over through any other server process, and what this one
-    hands out must follow at once. (The claim checks the row again in its own statement:
-    ``leases.claim_for_worker``.) A worker of another key is answered exactly like an unknown one:
-    nothing about another key's workers leaks.
+    ``fresh``: read from its row (one primary-key read); otherwise this process's last reading of
+    it when it has one (the acquire: its claim checks the row again). A worker of another key is
+    answered exactly like an unknown one: nothing about another key's workers leaks.
     """
+    if not fresh:
+        with _registrations_lock:
+            cached = _registrations.get(worker_id)
+        if cached is not None and cached.key_prefix == key_prefix:
+            return cached
     row = WorkerProcess.objects.filter(name=worker_id, stopped_at__isnull=True).exclude(api_key="").first()
     if row is None or row.api_key != key_prefix:
+        forget_registration(worker_id)
         raise ApiError(404, "unknown_worker", f"no worker {worker_id!r} is registered with this key; register first")
-    return Registration(
+    found = Registration(
         worker_id=row.name,
         served=tuple(row.kinds),
         queues=tuple(row.queues),
@@ -215,6 +231,21 @@ def registration(*, worker_id: str, key_prefix: str) -> Registration:
         key_prefix=row.api_key,
         stopping=row.stop_requested_at is not None,
     )
+    _remember(found)
+    return found
+
+
+def _remember(found: Registration) -> None:
+    with _registrations_lock:
+        if len(_registrations) >= _MAX_CACHED:
+            _registrations.clear()
+        _registrations[found.worker_id] = found
+
+
+def forget_registration(worker_id: str) -> None:
+    """Drop this process's reading of a worker (it stopped, or registered again elsewhere)."""
+    with _registrations_lock:
+        _registrations.pop(worker_id, None)
 
 
 def touch_workers(*, worker_ids: Sequence[str]) -> int:
@@ -253,7 +284,7 @@ def stop(*, worker_id: str, key_prefix: str, reason: str) -> Stopped:
     hub), and once it holds none its exit is recorded (stopped, with ``reason``). A worker still
     running bodies calls again when they have ended; one that never does is found silent later
     and recorded as died, as any worker that vanishes."""
-    found = registration(worker_id=worker_id, key_prefix=key_prefix)
+    found = registration(worker_id=worker_id, key_prefix=key_prefix, fresh=True)
     mark_stopping(found.worker_id)
     held = count_held(worker_id=found.worker_id)
     if held:
@@ -266,6 +297,7 @@ def stop(*, worker_id: str, key_prefix: str, reason: str) -> Stopped:
     exited = row is not None and processes.finish(
         name=found.worker_id, pid=row, exit=WorkerExit.STOPPED, detail=detail, owner=key_prefix
     )
+    forget_registration(found.worker_id)
     return Stopped(held=0, exited=exited)
 
 
@@ -328,7 +360,7 @@ def _key_base(lease: Lease) -> str:
 def held_lease(*, lease_id: int, worker_id: str, token: str, key_prefix: str) -> HeldLease:
     """The lease a call names, if the caller may act on it; otherwise 404 (unknown to this key) or
     403 (a token that is not this lease's, or a lease of another worker). Changes nothing."""
-    registration(worker_id=worker_id, key_prefix=key_prefix)
+    registration(worker_id=worker_id, key_prefix=key_prefix, fresh=True)
     held = leases.lease_of(attempt_id=lease_id) if 0 < lease_id < 2**63 else None
     if held is None:
         raise ApiError(404, "unknown_lease", f"no lease {lease_id}")
@@ -363,17 +395,30 @@ def claim_pass() -> ClaimPass:
 
 def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> list[Lease] | leases.WorkerFull | None:
     """Claim up to ``count`` due jobs this worker serves, queue by queue, under pauses and budgets,
-    within its row as it is now (kinds, queues, a stop, its concurrency: leases.claim_for_worker).
-    None: the row no longer lets it claim (stopped or asked to stop, through any server process)."""
-    return leases.claim_for_worker(
+    within its row as it is now (kinds, queues, a stop, its concurrency: leases.claim_for_worker),
+    whatever this process last read of it. None: the row no longer lets it claim (stopped or asked
+    to stop, through any server process). This process's reading is refreshed from the row."""
+    row, got = leases.claim_for_worker(
         worker=registration.worker_id,
         owner=registration.key_prefix,
-        queues=registration.queues,
-        served=registration.served,
         lease_seconds=float(settings.KOALA_LEASE_SECONDS),
         count=count,
         state=state,
     )
+    if row is None:
+        forget_registration(registration.worker_id)
+        return None
+    fresh = Registration(
+        worker_id=registration.worker_id,
+        served=row.kinds,
+        queues=row.queues,
+        concurrency=row.concurrency,
+        key_prefix=registration.key_prefix,
+        steps=registration.steps,
+    )
+    if fresh != registration:
+        _remember(fresh)
+    return got
 
 
 def any_due(*, queues: Sequence[str]) -> bool:

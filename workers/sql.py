@@ -250,11 +250,12 @@ CLAIM_NEXT_FOR_HTTP = _CLAIM.format(
 )
 
 # Lock HTTP worker %(worker)s's row for the claim's transaction (see above) and read its
-# concurrency and the leases it holds (as of this statement's snapshot, taken before any wait for
-# the lock: a hint for the 429, never the limit). No row: not running under key %(owner)s, or asked to stop.
+# concurrency, the leases it holds (as of this statement's snapshot, taken before any wait for the
+# lock: a hint for the 429, never the limit), its kinds and its queues. No row: not running under
+# key %(owner)s, or asked to stop.
 LOCK_HTTP_WORKER = (
-    "SELECT w.concurrency, (SELECT count(*) FROM workers_job h WHERE h.state = 'running' AND h.lease_holder = w.name) "  # noqa: S608 (composed from constant fragments; values are bound)
-    "FROM workers_workerprocess w WHERE " + _HTTP_WORKER_ROW + " FOR NO KEY UPDATE OF w"
+    "SELECT w.concurrency, (SELECT count(*) FROM workers_job h WHERE h.state = 'running' AND h.lease_holder = w.name), "  # noqa: S608 (composed from constant fragments; values are bound)
+    "w.kinds, w.queues FROM workers_workerprocess w WHERE " + _HTTP_WORKER_ROW + " FOR NO KEY UPDATE OF w"
 )
 
 # After a claim by id found nothing: the queue and version of a due job of an unserved pair

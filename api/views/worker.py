@@ -171,6 +171,10 @@ def _acquiring(
     count = http.integer(data, "max", minimum=1, maximum=protocol.MAX_CONCURRENCY, default=1)
     wait = http.number(data, "wait_seconds", minimum=0, maximum=poll_seconds(), default=poll_seconds()) or 0.0
     if count > registration.concurrency:
+        # This process's reading may predate a registration through another one: ask the row.
+        registration = protocol.registration(worker_id=worker_id, key_prefix=principal.prefix, fresh=True)
+        keys.require_serves(principal, served=registration.served, queues=registration.queues)
+    if count > registration.concurrency:
         raise ApiError(
             429,
             "concurrency_exceeded",

@@ -341,40 +341,45 @@ class WorkerFull:
     held: int
 
 
+@dataclass(frozen=True)
+class WorkerRow:
+    """An HTTP worker's row as its claim found it, under the lock: what it serves now."""
+
+    concurrency: int
+    held: int
+    kinds: tuple[str, ...]
+    queues: tuple[str, ...]
+
+
 def claim_for_worker(
-    *,
-    worker: str,
-    owner: str,
-    queues: Sequence[str],
-    served: Sequence[str],
-    lease_seconds: float,
-    count: int,
-    state: ClaimPass,
-) -> list[Lease] | WorkerFull | None:
+    *, worker: str, owner: str, lease_seconds: float, count: int, state: ClaimPass
+) -> tuple[WorkerRow | None, list[Lease] | WorkerFull]:
     """Claim up to ``count`` jobs for HTTP worker ``worker`` of key ``owner``, within what its row
     says now: its kinds and queues, not stopped or asked to stop, and its concurrency, which holds
     however many API server processes claim for it at once (the row is locked for the claim's
     transaction and the limit is in the claim statement: ``sql.CLAIM_NEXT_FOR_HTTP``).
 
-    None: no such running row (stopped, asked to stop, registered by another key). ``WorkerFull``:
-    it holds its concurrency already. ``queues`` and ``served`` are what the caller read of the row
-    (they only narrow the claim; the statement checks the row again).
+    Returns the row as the lock found it (None: no such running row — stopped, asked to stop,
+    registered by another key — and nothing claimed) and the leases, or ``WorkerFull`` when it
+    holds its concurrency already.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(sql.LOCK_HTTP_WORKER, {"worker": worker, "owner": owner})
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        concurrency, held = int(row[0]), int(row[1])
-        if held >= concurrency:
-            return WorkerFull(held=held)
-        return claim_from(
-            queues=queues,
-            served=served,
+            found = cursor.fetchone()
+        if found is None:
+            return None, []
+        row = WorkerRow(
+            concurrency=int(found[0]), held=int(found[1]), kinds=tuple(_json(found[2])), queues=tuple(_json(found[3]))
+        )
+        if row.held >= row.concurrency:
+            return row, WorkerFull(held=row.held)
+        return row, claim_from(
+            queues=row.queues,
+            served=row.kinds,
             worker=worker,
             lease_seconds=lease_seconds,
-            count=min(count, concurrency - held),
+            count=min(count, row.concurrency - row.held),
             state=state,
             owner=owner,
         )
