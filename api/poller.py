@@ -122,7 +122,7 @@ class Hub:
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A request's call into the pool (``run``), refused with 503 busy when every thread is
         taken and KOALA_API_MAX_QUEUED_CALLS calls already wait for one."""
-        queued = int(getattr(settings, "KOALA_API_MAX_QUEUED_CALLS", 64))
+        queued = int(getattr(settings, "KOALA_API_MAX_QUEUED_CALLS", 1000))
         if self.pending >= self.threads + queued:
             raise http.busy(f"{self.pending} calls hold or wait for its {self.threads} database threads")
         return await self.run(fn, *args, **kwargs)

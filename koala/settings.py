@@ -107,7 +107,7 @@ try:
     # (long-polls, each an open request), and calls queued for a thread. The excess is answered
     # at once with 503 busy and Retry-After (docs/worker-api.md, "Bounds of one server process").
     KOALA_API_MAX_WAITING = env.integer("KOALA_API_MAX_WAITING", 1000, minimum=1)
-    KOALA_API_MAX_QUEUED_CALLS = env.integer("KOALA_API_MAX_QUEUED_CALLS", 64, minimum=0)
+    KOALA_API_MAX_QUEUED_CALLS = env.integer("KOALA_API_MAX_QUEUED_CALLS", 1000, minimum=0)
     # Consecutive crashed/fatal attempts of one kind that pause it (0 turns the breaker off).
     KOALA_BREAKER_THRESHOLD = env.integer("KOALA_BREAKER_THRESHOLD", 5, minimum=0)
     # Per-attempt ceilings for kinds that declare none (workers/bounds.py; enforced by the fork
