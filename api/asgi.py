@@ -108,7 +108,7 @@ async def worker_calls(scope: dict[str, Any], receive: Receive, send: Send, *, f
         else:
             # One task of the hub's pool (the redaction context follows it); a client that hangs
             # up does not stop it, as under Django's handler: a started job stays started.
-            call = asyncio.ensure_future(hub().run(match.func, request, *match.args, **match.kwargs))
+            call = asyncio.ensure_future(hub().call(match.func, request, *match.args, **match.kwargs))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -119,6 +119,8 @@ async def worker_calls(scope: dict[str, Any], receive: Receive, send: Send, *, f
             return
         try:
             response = call.result()
+        except ApiError as refused:  # busy: the pool's queue is full (hub().call)
+            response = refused.response()
         except Exception:
             log.exception("worker API call %s failed", path)
             response = ApiError(500, "internal_error", "the server failed on this call; it was logged").response()

@@ -52,6 +52,12 @@ def unavailable() -> ApiError:
     return ApiError(503, "unavailable", "the database is unavailable; try again", headers={"Retry-After": "1"})
 
 
+def busy(what: str, *, retry_after: int = 1) -> ApiError:
+    """503 with Retry-After: this server process holds as much as its bounds allow (``what``);
+    the caller tries again later, or another server process behind the same address."""
+    return ApiError(503, "busy", f"this server is busy: {what}; try again", headers={"Retry-After": str(retry_after)})
+
+
 def max_body_bytes() -> int:
     return int(getattr(settings, "KOALA_API_MAX_BODY_BYTES", 1024 * 1024))
 

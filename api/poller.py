@@ -38,10 +38,10 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from api import protocol
+from api import http, protocol
 from api.protocol import ClaimPass, Registration
 from workers import dbsession, doorbell
-from workers.services.leases import Lease
+from workers.services.leases import Lease, WorkerFull
 
 log = logging.getLogger("koala.api")
 T = TypeVar("T")
@@ -89,6 +89,11 @@ class Hub:
         self.executor = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="koala-api-db", initializer=dbsession.bound_this_thread
         )
+        self.threads = threads
+        # Calls handed to the pool and not finished (running or queued): the event loop alone
+        # changes it, so no lock. Requests beyond threads + KOALA_API_MAX_QUEUED_CALLS are refused
+        # (``call``) rather than queued without bound; the hub's own work is never refused.
+        self.pending = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -108,7 +113,19 @@ class Hub:
             self._ensure_started()  # the first API call: start the poller and the Redis listener
         context = contextvars.copy_context()  # the request's redaction context follows the call
         call = functools.partial(context.run, _in_thread, fn, *args, **kwargs)
-        return await loop.run_in_executor(self.executor, call)
+        self.pending += 1
+        try:
+            return await loop.run_in_executor(self.executor, call)
+        finally:
+            self.pending -= 1
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A request's call into the pool (``run``), refused with 503 busy when every thread is
+        taken and KOALA_API_MAX_QUEUED_CALLS calls already wait for one."""
+        queued = int(getattr(settings, "KOALA_API_MAX_QUEUED_CALLS", 1000))
+        if self.pending >= self.threads + queued:
+            raise http.busy(f"{self.pending} calls hold or wait for its {self.threads} database threads")
+        return await self.run(fn, *args, **kwargs)
 
     # -- acquire ---------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -127,7 +144,7 @@ class Hub:
         worker that has called stop)."""
         self._ensure_started()
         assert self.loop is not None and self._wake is not None
-        if protocol.is_stopping(registration.worker_id):
+        if registration.stopping or protocol.is_stopping(registration.worker_id):
             return []
         self._seen.add(registration.worker_id)
         waiter = _Waiter(registration=registration, count=count, future=self.loop.create_future())
@@ -139,6 +156,11 @@ class Hub:
                     raise got
                 return got
             return []
+        limit = int(getattr(settings, "KOALA_API_MAX_WAITING", 1000))
+        if len(self.waiters) >= limit:
+            # Each waiting acquire is an open request: past the bound the worker comes back later
+            # (a few seconds: the waiting ones are answered within their wait).
+            raise http.busy(f"{len(self.waiters)} acquires are waiting here (KOALA_API_MAX_WAITING)", retry_after=5)
         self.waiters.append(waiter)
         if registration.signature not in self._empty:
             self._wake.set()  # its last look found work (or it is new): look now
@@ -167,8 +189,10 @@ class Hub:
         return ended
 
     def started(self, worker_id: str) -> None:
-        """On the event loop: ``worker_id`` registered (again): its acquires wait as usual."""
+        """On the event loop: ``worker_id`` registered (again): its acquires wait as usual, with
+        what it serves now read again from its row (it may have registered through another process)."""
         protocol.forget_stopping(worker_id)
+        protocol.forget_registration(worker_id)
 
     def announce(self, event: str, worker_id: str) -> None:
         """Tell every server process (this one too) that ``worker_id`` stops or starts (``event``):
@@ -256,16 +280,17 @@ class Hub:
             registration = waiter.registration
             if registration.signature in empty:
                 continue
-            # Exact, from the database, right before claiming: leases end elsewhere too (the
-            # reaper, a cancel, another server process the worker also talks to). Only waiters
-            # whose signature may have work pay this query; an idle round stops at the first
-            # empty claim of each signature.
-            held = protocol.count_held(worker_id=registration.worker_id)
-            count = min(waiter.count, registration.concurrency - held)
-            if count <= 0:
-                results.append((waiter, OverConcurrency(held)))
+            # The claim decides from the worker's row, locked for its transaction: its kinds, a
+            # stop, and its concurrency against the leases it holds now, whichever server process
+            # claimed them (leases.claim_for_worker). Only waiters whose signature may have work
+            # pay for it; an idle round stops at the first empty claim of each signature.
+            got = protocol.claim_for(registration, count=waiter.count, state=state)
+            if isinstance(got, WorkerFull):
+                results.append((waiter, OverConcurrency(got.held)))
                 continue
-            got = protocol.claim_for(registration, count=count, state=state)
+            if got is None:  # stopped or asked to stop meanwhile (through any server process)
+                results.append((waiter, []))
+                continue
             if got:
                 results.append((waiter, got))
             else:

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -58,7 +57,6 @@ MAX_SPANS = 1000  # workers.spans.MAX_SPANS: a report's spans, as an RQ body's a
 MAX_SPANS_BYTES = 1_000_000  # their JSON, together
 SPAN_FIELDS = frozenset({"span_id", "parent_id", "name", "start", "end", "attributes", "usage", "error"})
 MAX_MESSAGE_CHARS = 2000
-REGISTRATION_CACHE_SECONDS = 30.0
 
 REJECTION_TEXT = {
     Rejection.LEASE_EXPIRED: "the lease expired before this call and nobody has taken the job since; stop the body",
@@ -86,15 +84,12 @@ class Registration:
     concurrency: int
     key_prefix: str
     steps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    stopping: bool = False  # it called stop while holding leases: it gets no more
 
     @property
     def signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Workers with equal signatures can be served by one claim attempt (api.poller)."""
         return self.queues, self.served
-
-
-_registrations: dict[str, tuple[float, Registration]] = {}
-_registrations_lock = threading.Lock()
 
 
 def register(
@@ -159,13 +154,14 @@ def register(
             worker_class=("http " + sdk).strip(),
             owner=key_prefix,
             concurrency=concurrency,
+            contracts=kinds.contracts_of(pairs),
         )
     except processes.WorkerNameInUse:
         # Another key's worker (or a worker of the deployment's own) holds the name: refuse rather
         # than let one key act as another's worker.
         raise ApiError(403, "forbidden", f"name: worker {worker_id!r} is registered with another API key") from None
     forget_stopping(worker_id)  # a name that stopped may start again (other server processes hear it: api.poller)
-    registration = Registration(
+    found = Registration(
         worker_id=worker_id,
         served=tuple(sorted(set(pairs))),
         queues=tuple(chosen),
@@ -173,9 +169,8 @@ def register(
         key_prefix=key_prefix,
         steps=steps,
     )
-    with _registrations_lock:
-        _registrations[worker_id] = (time.monotonic(), registration)
-    return registration
+    _remember(found)
+    return found
 
 
 def _definition_kinds(name: str, version: int, named: Sequence[str]) -> list[tuple[kinds.JobKind, str]]:
@@ -202,62 +197,55 @@ def _definition_kinds(name: str, version: int, named: Sequence[str]) -> list[tup
     return found
 
 
-def registration(*, worker_id: str, key_prefix: str) -> Registration:
+# What this process last read of each worker's row: a hint for the acquire (which queues to probe,
+# which waiters look alike), never the authority. Every claim re-reads the row under its lock and
+# takes only what the row allows now (leases.claim_for_worker), refreshing or dropping the entry;
+# every lease call reads the row (``fresh``). So an idle fleet's acquires cost no query, and what
+# another server process changed holds here at the next claim.
+_MAX_CACHED = 100_000
+_registrations: dict[str, Registration] = {}
+_registrations_lock = threading.Lock()
+
+
+def registration(*, worker_id: str, key_prefix: str, fresh: bool = False) -> Registration:
     """The worker ``worker_id`` registered with key ``key_prefix``, or 404.
 
-    Cached in the process: an idle fleet's every acquire needs it, so rather than one query per
-    acquire, every REGISTRATION_CACHE_SECONDS one query re-reads all cached workers (a worker
-    registered anew through another server process, or stopped, is seen then). A worker of
-    another key is answered exactly like an unknown one: nothing about another key's workers leaks.
+    ``fresh``: read from its row (one primary-key read); otherwise this process's last reading of
+    it when it has one (the acquire: its claim checks the row again). A worker of another key is
+    answered exactly like an unknown one: nothing about another key's workers leaks.
     """
-    global _refreshed_at
-    now = time.monotonic()
-    if now - _refreshed_at > REGISTRATION_CACHE_SECONDS:
-        _refreshed_at = now
+    if not fresh:
         with _registrations_lock:
-            names = list(_registrations)
-        fresh = {row.name: _from_row(row) for row in _rows(names)} if names else {}
-        with _registrations_lock:
-            for name in names:
-                if name in fresh:
-                    _registrations[name] = (now, fresh[name])
-                else:
-                    _registrations.pop(name, None)
-    with _registrations_lock:
-        cached = _registrations.get(worker_id)
-    found = cached[1] if cached is not None else None
-    if found is None:
-        rows = _rows([worker_id])
-        if rows:
-            found = _from_row(rows[0])
-            with _registrations_lock:
-                _registrations[worker_id] = (now, found)
-    if found is None or found.key_prefix != key_prefix:
+            cached = _registrations.get(worker_id)
+        if cached is not None and cached.key_prefix == key_prefix:
+            return cached
+    row = WorkerProcess.objects.filter(name=worker_id, stopped_at__isnull=True).exclude(api_key="").first()
+    if row is None or row.api_key != key_prefix:
+        forget_registration(worker_id)
         raise ApiError(404, "unknown_worker", f"no worker {worker_id!r} is registered with this key; register first")
-    return found
-
-
-_refreshed_at = 0.0
-
-
-def _rows(names: Sequence[str]) -> list[WorkerProcess]:
-    return list(WorkerProcess.objects.filter(name__in=list(names), stopped_at__isnull=True).exclude(api_key=""))
-
-
-def _from_row(row: WorkerProcess) -> Registration:
-    return Registration(
+    found = Registration(
         worker_id=row.name,
         served=tuple(row.kinds),
         queues=tuple(row.queues),
         concurrency=row.concurrency,
         key_prefix=row.api_key,
+        stopping=row.stop_requested_at is not None,
     )
+    _remember(found)
+    return found
 
 
-def forget_registrations() -> None:
-    """Drop the cache (tests that reset the database)."""
+def _remember(found: Registration) -> None:
     with _registrations_lock:
-        _registrations.clear()
+        if len(_registrations) >= _MAX_CACHED:
+            _registrations.clear()
+        _registrations[found.worker_id] = found
+
+
+def forget_registration(worker_id: str) -> None:
+    """Drop this process's reading of a worker (it stopped, or registered again elsewhere)."""
+    with _registrations_lock:
+        _registrations.pop(worker_id, None)
 
 
 def touch_workers(*, worker_ids: Sequence[str]) -> int:
@@ -296,18 +284,20 @@ def stop(*, worker_id: str, key_prefix: str, reason: str) -> Stopped:
     hub), and once it holds none its exit is recorded (stopped, with ``reason``). A worker still
     running bodies calls again when they have ended; one that never does is found silent later
     and recorded as died, as any worker that vanishes."""
-    found = registration(worker_id=worker_id, key_prefix=key_prefix)
+    found = registration(worker_id=worker_id, key_prefix=key_prefix, fresh=True)
     mark_stopping(found.worker_id)
     held = count_held(worker_id=found.worker_id)
     if held:
+        # In the row, so every server process's claim refuses it (the mark above and the
+        # announcement over Redis only end waiting acquires sooner).
+        processes.request_stop(name=found.worker_id, owner=key_prefix)
         return Stopped(held=held, exited=False)
     row = WorkerProcess.objects.filter(name=found.worker_id, api_key=key_prefix).values_list("pid", flat=True).first()
     detail = redaction.redact_text(reason or "stop call")
     exited = row is not None and processes.finish(
         name=found.worker_id, pid=row, exit=WorkerExit.STOPPED, detail=detail, owner=key_prefix
     )
-    with _registrations_lock:
-        _registrations.pop(found.worker_id, None)
+    forget_registration(found.worker_id)
     return Stopped(held=0, exited=exited)
 
 
@@ -370,11 +360,11 @@ def _key_base(lease: Lease) -> str:
 def held_lease(*, lease_id: int, worker_id: str, token: str, key_prefix: str) -> HeldLease:
     """The lease a call names, if the caller may act on it; otherwise 404 (unknown to this key) or
     403 (a token that is not this lease's, or a lease of another worker). Changes nothing."""
-    registration(worker_id=worker_id, key_prefix=key_prefix)
+    registration(worker_id=worker_id, key_prefix=key_prefix, fresh=True)
     held = leases.lease_of(attempt_id=lease_id) if 0 < lease_id < 2**63 else None
     if held is None:
         raise ApiError(404, "unknown_lease", f"no lease {lease_id}")
-    owner = _registration_prefix(held.worker_id)
+    owner = key_prefix if held.worker_id == worker_id else _registration_prefix(held.worker_id)
     if owner != key_prefix:
         raise ApiError(404, "unknown_lease", f"no lease {lease_id}")
     expected = lease_token(attempt_id=lease_id, lease_token=held.lease.lease_token, worker_id=held.worker_id)
@@ -386,10 +376,6 @@ def held_lease(*, lease_id: int, worker_id: str, token: str, key_prefix: str) ->
 
 
 def _registration_prefix(worker_id: str) -> str:
-    with _registrations_lock:
-        cached = _registrations.get(worker_id)
-    if cached is not None:
-        return cached[1].key_prefix
     row = WorkerProcess.objects.filter(name=worker_id).values_list("api_key", flat=True).first()
     return row or ""
 
@@ -407,16 +393,32 @@ def claim_pass() -> ClaimPass:
     return ClaimPass.read()
 
 
-def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> list[Lease]:
-    """Claim up to ``count`` due jobs this worker serves, queue by queue, under pauses and budgets."""
-    return leases.claim_from(
-        queues=registration.queues,
-        served=registration.served,
+def claim_for(registration: Registration, *, count: int, state: ClaimPass) -> list[Lease] | leases.WorkerFull | None:
+    """Claim up to ``count`` due jobs this worker serves, queue by queue, under pauses and budgets,
+    within its row as it is now (kinds, queues, a stop, its concurrency: leases.claim_for_worker),
+    whatever this process last read of it. None: the row no longer lets it claim (stopped or asked
+    to stop, through any server process). This process's reading is refreshed from the row."""
+    row, got = leases.claim_for_worker(
         worker=registration.worker_id,
+        owner=registration.key_prefix,
         lease_seconds=float(settings.KOALA_LEASE_SECONDS),
         count=count,
         state=state,
     )
+    if row is None:
+        forget_registration(registration.worker_id)
+        return None
+    fresh = Registration(
+        worker_id=registration.worker_id,
+        served=row.kinds,
+        queues=row.queues,
+        concurrency=row.concurrency,
+        key_prefix=registration.key_prefix,
+        steps=registration.steps,
+    )
+    if fresh != registration:
+        _remember(fresh)
+    return got
 
 
 def any_due(*, queues: Sequence[str]) -> bool:

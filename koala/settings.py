@@ -132,6 +132,11 @@ try:
     KOALA_API_ACQUIRE_WAIT_SECONDS = env.number("KOALA_API_ACQUIRE_WAIT_SECONDS", 60.0, minimum=1.0)
     KOALA_API_MAX_BODY_BYTES = env.integer("KOALA_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
     KOALA_API_DB_THREADS = env.integer("KOALA_API_DB_THREADS", 16, minimum=1)
+    # What one API server process holds at once beyond its database threads: waiting acquires
+    # (long-polls, each an open request), and calls queued for a thread. The excess is answered
+    # at once with 503 busy and Retry-After (docs/worker-api.md, "Bounds of one server process").
+    KOALA_API_MAX_WAITING = env.integer("KOALA_API_MAX_WAITING", 1000, minimum=1)
+    KOALA_API_MAX_QUEUED_CALLS = env.integer("KOALA_API_MAX_QUEUED_CALLS", 1000, minimum=0)
     # Consecutive crashed/fatal attempts of one kind that pause it (0 turns the breaker off).
     KOALA_BREAKER_THRESHOLD = env.integer("KOALA_BREAKER_THRESHOLD", 5, minimum=0)
     # Per-attempt ceilings for kinds that declare none (workers/bounds.py; enforced by the fork

@@ -13,7 +13,9 @@ queue for a worker that has it, without running the body or using an attempt.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import random
 import warnings
 from collections.abc import Callable, Collection, Mapping
@@ -93,6 +95,41 @@ class JobKind:
     @property
     def key(self) -> str:
         return f"{self.name}@{self.version}"
+
+    @property
+    def contract_digest(self) -> str:
+        """A digest of the contract a host serves this kind@version under: its policy (queue,
+        delivery, retries, time limits, input fields, size, critical operations, ceilings) and the
+        names of its validator and critical rules' callables. Two hosts that loaded different kind
+        modules for one kind@version show different digests (``contracts_of``; the worker page)."""
+
+        def named(value: Any) -> Any:
+            if callable(value):
+                return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
+            if isinstance(value, Mapping):
+                return {str(k): named(v) for k, v in sorted(value.items(), key=lambda item: str(item[0]))}
+            if isinstance(value, frozenset | set):
+                return sorted(value)
+            return value
+
+        facts = {
+            "queue": self.queue,
+            "delivery": str(self.delivery),
+            "max_attempts": self.max_attempts,
+            "timeout_seconds": self.timeout_seconds,
+            "deadline_seconds": self.deadline_seconds,
+            "backoff": [self.backoff_base, self.backoff_cap],
+            "sensitive_fields": named(self.sensitive_fields),
+            "required_fields": named(self.required_fields),
+            "validate": named(self.validate),
+            "max_input_bytes": self.max_input_bytes,
+            "critical": named(self.critical),
+            "retry_instead": self.retry_instead,
+            "remote": self.remote,
+            "limits": [self.memory_limit_mb, self.cpu_limit_seconds],
+        }
+        text = json.dumps(facts, sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def redactor(self, data: Any) -> Redactor:
         """The redaction context of a job of this kind with input ``data``."""
@@ -266,6 +303,17 @@ def served() -> list[JobKind]:
 def runnable() -> list[JobKind]:
     """The kinds whose bodies run in this process: what an RQ worker serves (never a remote kind)."""
     return [k for k in served() if not k.remote]
+
+
+def contracts_of(pairs: Collection[str]) -> dict[str, str]:
+    """``{"name@version": contract_digest}`` for the pairs this process knows (a worker's row)."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, _, version = pair.rpartition("@")
+        kind = _registry.get((name, int(version))) if version.isdigit() else None
+        if kind is not None:
+            found[pair] = kind.contract_digest
+    return found
 
 
 def load_configured_kinds() -> None:

@@ -329,6 +329,17 @@ class WorkerProcess(models.Model):
     concurrency = models.PositiveIntegerField(default=1, help_text="The most leases it holds at once (HTTP workers).")
     # The prefix of the API key an HTTP worker registered with: only that key may act as it.
     api_key = models.CharField(max_length=32, blank=True, default="", help_text="Prefix of the registering API key.")
+    # An HTTP worker that called stop while it still held leases: no server process hands it
+    # another (the claim reads this column, so every process of every host agrees at once).
+    # Cleared when the name registers again.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # The contract of each kind as this process loaded it: "name@version" -> a digest of its
+    # policy (workers.kinds.JobKind.contract_digest). Two hosts serving one kind@version with
+    # different digests loaded different kind modules (workers.selectors.workers.contract_mismatches).
+    # db_default: a worker of the previous release, still running during a deploy, writes rows without it.
+    contracts = models.JSONField(
+        default=dict, blank=True, db_default=models.Value("{}"), help_text='"name@version" -> digest of its contract.'
+    )
 
     class Meta:
         ordering = ["-last_seen_at"]

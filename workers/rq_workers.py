@@ -124,6 +124,7 @@ class _Presence:
                 kinds=[k.key for k in kinds.runnable()],
                 worker_class=type(self.worker).__name__,
                 this_host=hostname,
+                contracts={k.key: k.contract_digest for k in kinds.runnable()},
             )
         except processes.WorkerNameInUse as exc:
             raise WorkerNameInUse(str(exc)) from None

@@ -219,6 +219,45 @@ CLAIM_NEXT_MANY = _CLAIM.format(
     match="IN (SELECT id FROM picked)",
 )
 
+# The claims of an HTTP worker (api.protocol.claim_for, through leases.claim_for_worker): the
+# database, not any API server process's memory, decides what the worker %(worker)s of key
+# %(owner)s may take. The statement claims only pairs its row serves now (``kinds``), only from
+# a queue its row names, only while the row is running and not asked to stop, and at most its
+# concurrency minus the jobs it holds: the LIMIT is that room, computed in the statement. Two
+# such claims for one worker through two server processes could both compute the same room, so
+# the caller first locks the worker's row (LOCK_HTTP_WORKER) in the same transaction: the second
+# claim waits for the first to commit, and its statement, started after the wait, sees the first
+# one's leases in its own snapshot (READ COMMITTED takes one per statement). A transaction-scoped
+# row lock, so PgBouncer's transaction pooling keeps it working.
+_HTTP_WORKER_ROW = "w.name = %(worker)s AND w.api_key = %(owner)s AND w.stopped_at IS NULL AND w.stop_requested_at IS NULL"
+_HTTP_ROOM = (
+    "LEAST(%(n)s, COALESCE((SELECT greatest(w.concurrency - (SELECT count(*) FROM workers_job h "  # noqa: S608 (composed from constant fragments; values are bound)
+    "WHERE h.state = 'running' AND h.lease_holder = w.name), 0) FROM workers_workerprocess w WHERE "
+    + _HTTP_WORKER_ROW
+    + " AND w.queues ? %(queue)s), 0))"
+)
+_HTTP_SERVES = (
+    " AND (kind || '@' || version) = ANY(ARRAY(SELECT jsonb_array_elements_text(w.kinds) "
+    "FROM workers_workerprocess w WHERE " + _HTTP_WORKER_ROW + "))"
+)
+CLAIM_NEXT_FOR_HTTP = _CLAIM.format(
+    where=_NEXT_IN_QUEUE + _HTTP_SERVES,
+    queued="state = 'queued'",
+    not_paused=_JOB_NOT_PAUSED,
+    columns=LEASE_COLUMNS,
+    limit=_HTTP_ROOM,
+    match="IN (SELECT id FROM picked)",
+)
+
+# Lock HTTP worker %(worker)s's row for the claim's transaction (see above) and read its
+# concurrency, the leases it holds (as of this statement's snapshot, taken before any wait for the
+# lock: a hint for the 429, never the limit), its kinds and its queues. No row: not running under
+# key %(owner)s, or asked to stop.
+LOCK_HTTP_WORKER = (
+    "SELECT w.concurrency, (SELECT count(*) FROM workers_job h WHERE h.state = 'running' AND h.lease_holder = w.name), "  # noqa: S608 (composed from constant fragments; values are bound)
+    "w.kinds, w.queues FROM workers_workerprocess w WHERE " + _HTTP_WORKER_ROW + " FOR NO KEY UPDATE OF w"
+)
+
 # After a claim by id found nothing: the queue and version of a due job of an unserved pair
 # (params: live seconds, job id, served pairs), and how many live workers on its queue do and
 # do not serve it.

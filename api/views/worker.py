@@ -46,7 +46,10 @@ def worker_call(view: Callable[..., HttpResponse]) -> View:
             return ApiError(
                 405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers=allow
             ).response()
-        return await hub().run(_serve, view, request, args, kwargs)
+        try:
+            return await hub().call(_serve, view, request, args, kwargs)
+        except ApiError as refused:  # busy: the pool's queue is full
+            return refused.response()
 
     return csrf_exempt(wrapped)
 
@@ -168,6 +171,10 @@ def _acquiring(
     count = http.integer(data, "max", minimum=1, maximum=protocol.MAX_CONCURRENCY, default=1)
     wait = http.number(data, "wait_seconds", minimum=0, maximum=poll_seconds(), default=poll_seconds()) or 0.0
     if count > registration.concurrency:
+        # This process's reading may predate a registration through another one: ask the row.
+        registration = protocol.registration(worker_id=worker_id, key_prefix=principal.prefix, fresh=True)
+        keys.require_serves(principal, served=registration.served, queues=registration.queues)
+    if count > registration.concurrency:
         raise ApiError(
             429,
             "concurrency_exceeded",
@@ -185,12 +192,17 @@ async def acquire(request: HttpRequest, worker_id: str) -> HttpResponse:
         return ApiError(
             405, "method_not_allowed", f"{request.method} is not allowed here; use POST", headers={"Allow": "POST"}
         ).response()
-    prepared = await hub().run(_serve, _acquiring, request, (), {"worker_id": worker_id})
+    try:
+        prepared = await hub().call(_serve, _acquiring, request, (), {"worker_id": worker_id})
+    except ApiError as refused:  # busy: the pool's queue is full
+        return refused.response()
     if isinstance(prepared, HttpResponse):
         return prepared
     registration, count, wait = prepared
     try:
         got = await hub().acquire(registration, count=count, wait=wait)
+    except ApiError as refused:  # busy: as many acquires wait here as KOALA_API_MAX_WAITING allows
+        return refused.response()
     except OverConcurrency as over:
         return ApiError(
             429,

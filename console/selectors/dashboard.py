@@ -30,7 +30,7 @@ from workers.selectors.beat import BeatTaskHealth, beat_health
 # Worker health and budget bars live with the engine's selectors: the metrics endpoint reads them
 # too, and it sits beside the console, not above it.
 from workers.selectors.budgets import BudgetBar, budget_bars
-from workers.selectors.workers import WorkerHealth, queue_pauses, worker_health
+from workers.selectors.workers import ContractMismatch, WorkerHealth, contract_mismatches, queue_pauses, worker_health
 from workers.services.operations import needing_attention
 from workers.services.pauses import active_pauses
 
@@ -96,6 +96,8 @@ class Dashboard:
     zone: str = "UTC"  # the charts' time zone (chart_zone)
     # Each beat step's last tick (workers.selectors.beat: one read of a row per step).
     beat: list[BeatTaskHealth] = field(default_factory=list)
+    # Kinds live workers serve under different contracts (hosts with different kind modules).
+    contract_mismatches: list[ContractMismatch] = field(default_factory=list)
 
     @property
     def sample_label(self) -> str:
@@ -291,4 +293,5 @@ def _build(now: dt.datetime) -> Dashboard:
         overshoots=overshoots(now=now),
         zone=str(zone),
         beat=beat_health(now=now),
+        contract_mismatches=contract_mismatches(now=now),
     )

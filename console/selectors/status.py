@@ -20,7 +20,7 @@ from reviews.models import ReviewRequest, ReviewState
 from workers.models import Attempt, Outcome, PauseSource
 from workers.selectors.beat import beat_health
 from workers.selectors.budgets import budget_bars
-from workers.selectors.workers import oldest_due, queue_pauses, worker_health
+from workers.selectors.workers import contract_mismatches, oldest_due, queue_pauses, worker_health
 from workers.services.pauses import active_pauses
 
 
@@ -103,6 +103,15 @@ def workers(*, now: dt.datetime) -> Check:
     return Check("workers", level, counts + (f" ({named})" if named else ""))
 
 
+def contracts(*, now: dt.datetime) -> Check:
+    """A kind@version that live workers serve under different contracts (hosts that loaded
+    different kind modules) is a warning naming the kind and the hosts."""
+    found = contract_mismatches(now=now)
+    if not found:
+        return Check("contracts", Level.OK, "every kind has one contract across the live workers")
+    return Check("contracts", Level.WARNING, " | ".join(m.text for m in found[:5]))
+
+
 def breakers() -> Check:
     tripped = [p for p in active_pauses() if p.source == PauseSource.CIRCUIT_BREAKER]
     if not tripped:
@@ -167,6 +176,7 @@ def status_checks(*, now: dt.datetime | None = None) -> list[Check]:
         *due,
         last_completion(now=now, work_due=work_due),
         workers(now=now),
+        contracts(now=now),
         breakers(),
         *budgets(now=now),
         beat(now=now),

@@ -24,9 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def server(tmp_path: Path, redis_clean: None, transactional_db: None) -> Iterator[ApiServer]:
-    from api import protocol
-
-    protocol.forget_registrations()
     # Keys re-read at once: the test edits a key's limits by hand and watches the server notice.
     api = ApiServer(tmp_path, env={"KOALA_API_KEY_CACHE_SECONDS": "0"})
     api.start()

@@ -41,9 +41,6 @@ def pg_proxy() -> Iterator[FaultProxy]:
 @pytest.fixture
 def two_servers(tmp_path: Path, redis_clean: None, pg_proxy: FaultProxy) -> Iterator[tuple[ApiServer, ApiServer]]:
     """One API server whose PostgreSQL traffic goes through the proxy, one connected directly."""
-    from api import protocol
-
-    protocol.forget_registrations()
     (tmp_path / "stale").mkdir()
     (tmp_path / "healthy").mkdir()
     stale = ApiServer(tmp_path / "stale", env={"DATABASE_URL": _proxied_url(pg_proxy)})

@@ -38,9 +38,6 @@ PROMPT = 10.0
 
 @pytest.fixture
 def slow_poll_server(tmp_path: Path, redis_clean: None, transactional_db: None) -> Iterator[ApiServer]:
-    from api import protocol
-
-    protocol.forget_registrations()
     server = ApiServer(tmp_path, env={"KOALA_API_ACQUIRE_WAIT_SECONDS": str(ACQUIRE_WAIT)})
     server.start()
     try:

@@ -34,10 +34,8 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
     forget_cached()
-    protocol.forget_registrations()
     yield
     forget_cached()
-    protocol.forget_registrations()
 
 
 def test_a_key_keeps_its_kinds_and_queues_and_audits_them() -> None:

@@ -37,7 +37,6 @@ class InProcessHttpWorker:
     """The protocol's services called as api.views.worker calls them, for one registered worker."""
 
     def __init__(self, kinds: Sequence[tuple[str, int]], *, name: str = "http.test.1", key: str = "testkey") -> None:
-        protocol.forget_registrations()
         self.key = key
         self.registration: Registration = protocol.register(
             key_prefix=key,

@@ -118,9 +118,6 @@ class ApiServer:
 
 @pytest.fixture
 def api_server(tmp_path: Path, redis_clean: None, transactional_db: None) -> Iterator[ApiServer]:
-    from api import protocol
-
-    protocol.forget_registrations()
     server = ApiServer(tmp_path)
     server.start()
     try:

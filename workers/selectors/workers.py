@@ -178,3 +178,37 @@ def _held_back(queue: str, pause: Pause, due: dict[str, int] | None) -> str:
     if pause.scope == Scope.GLOBAL:
         return f"everything paused ({pause.mode}): {count} waiting in {queue}"
     return f"queue {queue} paused ({pause.mode}): {count} waiting"
+
+
+@dataclass(frozen=True)
+class ContractMismatch:
+    """Live workers serve ``kind`` (name@version) under different contracts: their processes
+    loaded different kind modules. ``hosts``: each digest with the workers ("name on host") that
+    registered it, the most common first."""
+
+    kind: str
+    hosts: list[tuple[str, list[str]]]
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind} differs between hosts: " + "; ".join(
+            f"{digest}: {', '.join(workers)}" for digest, workers in self.hosts
+        )
+
+
+def contract_mismatches(*, now: dt.datetime) -> list[ContractMismatch]:
+    """Every kind@version that live workers (not stopped, seen within a lease) serve under more
+    than one contract digest (``WorkerProcess.contracts``, written at each start from the kinds
+    the process loaded: workers.kinds.JobKind.contract_digest). A row from before the digests
+    were recorded (empty ``contracts``) is left out rather than guessed at."""
+    alive_within = dt.timedelta(seconds=WorkerProcess.silent_after_seconds())
+    rows = WorkerProcess.objects.filter(stopped_at__isnull=True, last_seen_at__gte=now - alive_within).order_by("name")
+    seen: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows.only("name", "hostname", "contracts")[:1000]:
+        for kind, digest in (row.contracts or {}).items():
+            seen[kind][str(digest)].append(f"{row.name} on {row.hostname}")
+    return [
+        ContractMismatch(kind=kind, hosts=sorted(((d, w) for d, w in digests.items()), key=lambda item: (-len(item[1]), item[0])))
+        for kind, digests in sorted(seen.items())
+        if len(digests) > 1
+    ]

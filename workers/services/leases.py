@@ -186,17 +186,18 @@ def claim_next(
     lease_seconds: float,
     skip_kinds: Sequence[str] = (),
     gated: bool = True,
+    owner: str | None = None,
 ) -> Lease | None:
     """Claim the next due job in ``queue`` among the served "kind@version" pairs.
 
     Raises ClaimBlocked when the picked job's concurrency scope is full; the caller skips
-    that kind (or the whole queue) for the rest of its pass.
+    that kind (or the whole queue) for the rest of its pass. ``owner``: an HTTP worker's key
+    (``claim_for_worker``), whose row the statement checks and whose concurrency it holds.
     """
-    return _claim(
-        sql.CLAIM_NEXT,
-        {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds, "skip": list(skip_kinds)},
-        gated=gated,
-    )
+    params = {"queue": queue, "served": list(served), "worker": worker, "lease": lease_seconds, "skip": list(skip_kinds)}
+    if owner is not None:
+        return _claim(sql.CLAIM_NEXT_FOR_HTTP, {**params, "owner": owner, "n": 1}, gated=gated)
+    return _claim(sql.CLAIM_NEXT, params, gated=gated)
 
 
 def claim_next_many(
@@ -208,6 +209,7 @@ def claim_next_many(
     count: int,
     skip_kinds: Sequence[str] = (),
     batchable: bool = False,
+    owner: str | None = None,
 ) -> list[Lease]:
     """Claim up to ``count`` due jobs of ``queue`` in one statement. Only while no budget gates
     claims (``budgets.claims_are_gated()`` is False): pauses are in the SQL, as in claim_next.
@@ -215,19 +217,19 @@ def claim_next_many(
     ``batchable``: only jobs that may wait unstarted behind others of the batch (at_least_once
     with an attempt left after this one: ``sql.CLAIM_NEXT_MANY``), for a worker that runs its
     leases one after another rather than at once."""
+    params: dict[str, Any] = {
+        "queue": queue,
+        "served": list(served),
+        "worker": worker,
+        "lease": lease_seconds,
+        "skip": list(skip_kinds),
+        "n": count,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql.CLAIM_NEXT_MANY,
-            {
-                "queue": queue,
-                "served": list(served),
-                "worker": worker,
-                "lease": lease_seconds,
-                "skip": list(skip_kinds),
-                "n": count,
-                "batchable": batchable,
-            },
-        )
+        if owner is not None:  # an HTTP worker's (claim_for_worker): never batchable
+            cursor.execute(sql.CLAIM_NEXT_FOR_HTTP, {**params, "owner": owner})
+        else:
+            cursor.execute(sql.CLAIM_NEXT_MANY, {**params, "batchable": batchable})
         rows = cursor.fetchall()
     return [_lease(row) for row in rows]
 
@@ -287,10 +289,12 @@ def claim_from(
     count: int,
     state: ClaimPass,
     batchable: bool = False,
+    owner: str | None = None,
 ) -> list[Lease]:
     """Claim up to ``count`` due jobs ``worker`` serves, queue by queue in order, under the pass's
     pauses and budgets: the one claim loop of an RQ worker's drain and an HTTP worker's acquire.
-    ``batchable``: see claim_next_many (applies to the one-statement claim of several jobs)."""
+    ``batchable``: see claim_next_many (applies to the one-statement claim of several jobs).
+    ``owner``: an HTTP worker's key; only through ``claim_for_worker``, which holds its row's lock."""
     got: list[Lease] = []
     for queue in queues:
         if state.holds(queue):
@@ -305,6 +309,7 @@ def claim_from(
                 count=count - len(got),
                 skip_kinds=state.skipped(queue),
                 batchable=batchable,
+                owner=owner,
             )
         else:
             while len(got) < count and not state.holds(queue):
@@ -316,6 +321,7 @@ def claim_from(
                         lease_seconds=lease_seconds,
                         skip_kinds=state.skipped(queue),
                         gated=state.gated,
+                        owner=owner,
                     )
                 except ClaimBlocked as full:
                     state.full(full, queue)
@@ -326,6 +332,57 @@ def claim_from(
         if len(got) >= count:
             break
     return got
+
+
+@dataclass(frozen=True)
+class WorkerFull:
+    """The HTTP worker already holds as many leases as its concurrency (as its row's lock found it)."""
+
+    held: int
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """An HTTP worker's row as its claim found it, under the lock: what it serves now."""
+
+    concurrency: int
+    held: int
+    kinds: tuple[str, ...]
+    queues: tuple[str, ...]
+
+
+def claim_for_worker(
+    *, worker: str, owner: str, lease_seconds: float, count: int, state: ClaimPass
+) -> tuple[WorkerRow | None, list[Lease] | WorkerFull]:
+    """Claim up to ``count`` jobs for HTTP worker ``worker`` of key ``owner``, within what its row
+    says now: its kinds and queues, not stopped or asked to stop, and its concurrency, which holds
+    however many API server processes claim for it at once (the row is locked for the claim's
+    transaction and the limit is in the claim statement: ``sql.CLAIM_NEXT_FOR_HTTP``).
+
+    Returns the row as the lock found it (None: no such running row — stopped, asked to stop,
+    registered by another key — and nothing claimed) and the leases, or ``WorkerFull`` when it
+    holds its concurrency already.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql.LOCK_HTTP_WORKER, {"worker": worker, "owner": owner})
+            found = cursor.fetchone()
+        if found is None:
+            return None, []
+        row = WorkerRow(
+            concurrency=int(found[0]), held=int(found[1]), kinds=tuple(_json(found[2])), queues=tuple(_json(found[3]))
+        )
+        if row.held >= row.concurrency:
+            return row, WorkerFull(held=row.held)
+        return row, claim_from(
+            queues=row.queues,
+            served=row.kinds,
+            worker=worker,
+            lease_seconds=lease_seconds,
+            count=min(count, row.concurrency - row.held),
+            state=state,
+            owner=owner,
+        )
 
 
 def park_queued(*, job_id: int, reason: str, detail: str, parked_on: dict[str, Any] | None = None) -> bool:

@@ -58,12 +58,15 @@ def start(
     owner: str = "",
     concurrency: int = 1,
     this_host: str | None = None,
+    contracts: dict[str, str] | None = None,
 ) -> WorkerProcess:
     """Record that the process (``hostname``, ``pid``, ``owner``) now holds worker ``name``.
 
     ``this_host`` is the host this code runs on, where a pid can be checked (a local worker's own
     host); None for an HTTP worker's registration, whose process runs elsewhere. Raises
-    WorkerNameInUse before writing anything when the name's holder may still run.
+    WorkerNameInUse before writing anything when the name's holder may still run. ``contracts``:
+    the digest of each served kind's contract as the starting process loaded it
+    (``workers.kinds.contracts_of``). A start clears a stop the name's earlier incarnation asked for.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -99,6 +102,8 @@ def start(
                 "recent_exits": exits[-RECENT_EXITS_KEPT:],
                 "concurrency": concurrency,
                 "api_key": owner,
+                "stop_requested_at": None,
+                "contracts": dict(contracts or {}),
             },
         )
         return WorkerProcess.objects.get(name=name)
@@ -144,6 +149,16 @@ def finish(*, name: str, pid: int, exit: WorkerExit, detail: str, owner: str | N
         row.recent_exits = [*row.recent_exits, _exit_entry(now, exit, row.pid, detail)][-RECENT_EXITS_KEPT:]
         row.save(update_fields=["exit", "stopped_at", "last_seen_at", "recent_exits"])
     return True
+
+
+def request_stop(*, name: str, owner: str) -> bool:
+    """An HTTP worker of key ``owner`` asked to stop while it holds leases: from now on no claim in
+    any server process gives it another (the claim reads the column). False if no running row."""
+    return bool(
+        WorkerProcess.objects.filter(name=name, api_key=owner, stopped_at__isnull=True, stop_requested_at__isnull=True).update(
+            stop_requested_at=timezone.now()
+        )
+    )
 
 
 def touch(*, names: Sequence[str], pid: int | None = None) -> int:
