@@ -85,9 +85,6 @@ def test_a_concurrency_budget_holds(through_pgbouncer, processes, provider: Fake
 
 @pytest.fixture
 def api_through_pgbouncer(through_pgbouncer: PgBouncer, tmp_path: Path, redis_clean: None) -> Iterator[ApiServer]:
-    from api import protocol
-
-    protocol.forget_registrations()
     server = ApiServer(tmp_path)  # its environment is built now, inside subprocess_database()
     server.start()
     try:
