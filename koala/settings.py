@@ -38,7 +38,9 @@ try:
     KOALA_REDIS_SENTINEL_PASSWORD = env.string("KOALA_REDIS_SENTINEL_PASSWORD", "")  # secret: the sentinels' own AUTH
     KOALA_REDIS_PASSWORD = env.string("KOALA_REDIS_PASSWORD", "")  # secret: the master's AUTH (sentinel mode)
     KOALA_REDIS_DB = env.integer("KOALA_REDIS_DB", 0, minimum=0)
-    KOALA_REDIS_SOCKET_TIMEOUT_SECONDS = env.number("KOALA_REDIS_SOCKET_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+    # How long one Redis command may wait for its reply: what a frozen master costs a caller
+    # (an RQ worker's own connection waits at least its pop's timeout + 2 s, workers/rq_workers.py).
+    KOALA_REDIS_SOCKET_TIMEOUT_SECONDS = env.number("KOALA_REDIS_SOCKET_TIMEOUT_SECONDS", 5.0, minimum=0.1)
     if KOALA_REDIS_SENTINELS:
         # Refused rather than ranked: with both set, which Redis a process uses would depend on
         # a rule the operator has to remember, and two hosts configured half-way would split.

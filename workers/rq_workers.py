@@ -76,6 +76,8 @@ REDIS_RETRY_SECONDS = 1.0
 # worker_ttl - 15 = 405 s): bounds how long a flushed Redis goes without this worker in
 # its registry. Costs one BLPOP and one pipelined heartbeat per interval per worker.
 LISTEN_SECONDS = 5
+# How much longer than a blocking pop's own timeout its socket waits for the reply.
+REDIS_POP_SLACK_SECONDS = 2
 
 
 class WorkerNameInUse(Exception):
@@ -168,6 +170,15 @@ class KoalaWorkerMixin:
     @property
     def dequeue_timeout(self) -> int:
         return min(int(super().dequeue_timeout), LISTEN_SECONDS)  # type: ignore[misc]
+
+    @property
+    def connection_timeout(self) -> int:
+        """The socket timeout RQ gives this worker's Redis connection, at least (RQ: the pop's
+        timeout + 10 s). A frozen or partitioned master answers nothing, so every command on
+        it, the blocking pop included, waits this long before the worker reconnects (through
+        the sentinels, to the promoted replica); a fork worker can meet it twice (horse, then
+        parent). The pop's reply comes within its own timeout: 2 s more is ample."""
+        return self.dequeue_timeout + REDIS_POP_SLACK_SECONDS
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         problem = check_worker_name(self.name)  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ bound is the issue's target: recovered in < 30 s.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -101,14 +102,24 @@ class SentinelGroup:
         client = Redis(port=self.sentinel_ports[0], socket_timeout=1)
         return int(client.sentinel_get_master_addr_by_name(MASTER)[1])
 
-    def kill_primary(self) -> None:
-        self.procs["primary"].kill()  # SIGKILL: no goodbye to clients, replica or sentinels
-        self.procs["primary"].wait(timeout=10)
+    def fail_primary(self, how: str) -> None:
+        primary = self.procs["primary"]
+        if how == "kill":
+            primary.kill()  # SIGKILL: the kernel closes its sockets; clients notice at once
+            primary.wait(timeout=10)
+        else:
+            primary.send_signal(signal.SIGSTOP)  # frozen: sockets stay open and answer nothing
+
+    def thaw_primary(self) -> None:
+        self.procs["primary"].send_signal(signal.SIGCONT)
+
+    def role_of_old_primary(self) -> str:
+        return str(Redis(port=self.primary_port, socket_timeout=1).info("replication").get("role"))
 
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.kill()
+                proc.kill()  # a stopped process dies of SIGKILL too
                 proc.wait(timeout=10)
 
 
@@ -159,13 +170,16 @@ def _beat_rings(log: Path) -> list[datetime]:
     return found
 
 
-def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(sentinel_group, processes, tmp_path: Path, stray_pids) -> None:  # type: ignore[no-untyped-def]
+# kill: the primary dies (SIGKILL). freeze: it stops answering (SIGSTOP) with its sockets open,
+# the case a socket timeout must end: a blocked pop, or a command, waits on it until then.
+@pytest.mark.parametrize("how", ["kill", "freeze"])
+def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(how: str, sentinel_group, processes, tmp_path: Path, stray_pids) -> None:  # type: ignore[no-untyped-def]
     group = sentinel_group
     env = _sentinel_env(group)
     workers = [
         processes.worker("--name", "sentinel-simple", env=env),
         processes.worker("--name", "sentinel-fork", "--worker-class", "fork", env=env),
-    ]
+    ]  # names: resumed() below
     wait_workers_ready(workers)
     beat = processes.beat(env=env)
     beat_log = next(tmp_path.glob("beat-*.log"))
@@ -179,38 +193,54 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(sent
     )
     assert group.master_port() == group.primary_port
     killed_at = timezone.now()
-    group.kill_primary()
+    group.fail_primary(how)
     done_at_kill = Job.objects.filter(pk__in=ids, state="succeeded").count()
 
     wait_for(lambda: group.master_port() == group.replica_port, timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what="Sentinel to promote the replica")
     promoted_s = (timezone.now() - killed_at).total_seconds()
 
-    # Work that provably came through the new master: with one job per doorbell, each worker
-    # holds at most one message from before the kill, so the third attempt started after it
-    # was claimed from a doorbell popped after it.
-    def resumed() -> datetime | None:
-        after = list(Attempt.objects.filter(job_id__in=ids, started_at__gt=killed_at).order_by("started_at")[: len(workers) + 1])
-        return after[-1].started_at if len(after) > len(workers) else None
+    # Work that provably came through the new master, per worker: with one job per doorbell a
+    # worker holds at most one message from before the failure, so its second attempt started
+    # after it was claimed from a doorbell popped after it.
+    def resumed(name: str) -> datetime | None:
+        after = Attempt.objects.filter(job_id__in=ids, worker_id=name, started_at__gt=killed_at).order_by("started_at")
+        second = list(after[:2])
+        return second[1].started_at if len(second) == 2 else None
 
-    resumed_at = wait_for(resumed, timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what="workers to run jobs after the failover")
+    names = ["sentinel-simple", "sentinel-fork"]
+    resumed_at = {
+        name: wait_for(lambda n=name: resumed(n), timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what=f"{name} to run jobs after the failover")
+        for name in names
+    }
     rings = wait_for(lambda: [t for t in _beat_rings(beat_log) if t > killed_at], timeout=RECOVERY_BOUND_SECONDS, what="the beat to ring after the failover")
     wait_all_terminal(ids, timeout=180)
 
-    worker_s = (resumed_at - killed_at).total_seconds()  # type: ignore[operator]
+    worker_s = {name: (at - killed_at).total_seconds() for name, at in resumed_at.items()}  # type: ignore[operator]
     beat_s = (rings[0] - killed_at).total_seconds()  # type: ignore[index]
     print(
-        f"sentinel failover: {done_at_kill}/{JOBS} done at the kill; replica promoted after {promoted_s:.2f}s; "
-        f"workers running jobs again after {worker_s:.2f}s; the beat's first ring after {beat_s:.2f}s"
+        f"sentinel failover ({how}): {done_at_kill}/{JOBS} done at the {how}; replica promoted after {promoted_s:.2f}s; "
+        f"running jobs again after: simple worker {worker_s['sentinel-simple']:.2f}s, fork worker "
+        f"{worker_s['sentinel-fork']:.2f}s; the beat's first ring after {beat_s:.2f}s"
     )
-    assert worker_s < RECOVERY_BOUND_SECONDS and beat_s < RECOVERY_BOUND_SECONDS
+    assert max(worker_s.values()) < RECOVERY_BOUND_SECONDS and beat_s < RECOVERY_BOUND_SECONDS
 
     # PostgreSQL's record: every job succeeded once, with one attempt, and its body ran once.
     for job_id in ids:
         tries = attempts(job_id)
         assert [a.outcome for a in tries] == [Outcome.SUCCEEDED], (job_id, [a.outcome for a in tries])
         assert len(starts(effects, job_id)) == 1 and len(ends(effects, job_id)) == 1, job_id
-    assert_engine_invariants()
     assert all(proc.poll() is None for proc in [*workers, beat]), "no process ended over the failover"
+
+    if how == "freeze":
+        # The old primary wakes up, Sentinel demotes it to a replica of the new master, and
+        # clients that still hold connections to it (idle ones in pools) must not use it.
+        group.thaw_primary()
+        wait_for(lambda: group.role_of_old_primary() == "slave", timeout=30, interval=0.2, what="the old primary's demotion")
+        more = [r.job_id for r in enqueue_many(specs=[JobSpec(kind="probe", input={"log": effects, "n": n}) for n in range(20)])]
+        wait_all_terminal(more, timeout=60)
+        ids += more
+    assert all(len(ends(effects, job_id)) == 1 for job_id in ids)
+    assert_engine_invariants()
 
     # This process's client follows too: /readyz pings through the doorbell's client, which
     # was connected to the old primary.
