@@ -44,7 +44,9 @@ def describe() -> str:
     return "REDIS_URL"
 
 
-def connect(*, socket_timeout: float | None = None, socket_connect_timeout: float = 5.0, health_check_interval: int = 30) -> Redis:
+def connect(
+    *, socket_timeout: float | None = None, socket_connect_timeout: float = 5.0, health_check_interval: int = 30
+) -> Redis:
     """A new client (its own connection pool). ``socket_timeout`` defaults to
     KOALA_REDIS_SOCKET_TIMEOUT_SECONDS; None there means the setting, never "wait forever"."""
     timeout = float(settings.KOALA_REDIS_SOCKET_TIMEOUT_SECONDS) if socket_timeout is None else socket_timeout

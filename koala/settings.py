@@ -47,7 +47,9 @@ try:
         if _redis_url:
             raise ConfigError("REDIS_URL and KOALA_REDIS_SENTINELS are both set; set only one (docs/configuration.md, Redis).")
         if not KOALA_REDIS_SENTINEL_MASTER:
-            raise ConfigError("KOALA_REDIS_SENTINELS is set but KOALA_REDIS_SENTINEL_MASTER (the monitored master's name) is not.")
+            raise ConfigError(
+                "KOALA_REDIS_SENTINELS is set but KOALA_REDIS_SENTINEL_MASTER (the monitored master's name) is not."
+            )
         if KOALA_REDIS_DB > 15:
             raise ConfigError(f"KOALA_REDIS_DB={KOALA_REDIS_DB} must be at most 15 (Redis has databases 0-15 by default).")
     else:

@@ -71,9 +71,7 @@ class SentinelGroup:
         self._server("primary", self.primary_port)
         self._server("replica", self.replica_port, "--replicaof", "127.0.0.1", str(self.primary_port))
         replica = Redis(port=self.replica_port, socket_timeout=1)
-        wait_for(
-            lambda: replica.info("replication").get("master_link_status") == "up", timeout=20, what="the replica to sync"
-        )
+        wait_for(lambda: replica.info("replication").get("master_link_status") == "up", timeout=20, what="the replica to sync")
         for index, port in enumerate(self.sentinel_ports):
             conf = self.directory / f"sentinel-{index}.conf"  # Sentinel rewrites its file: one each
             conf.write_text(
@@ -173,7 +171,9 @@ def _beat_rings(log: Path) -> list[datetime]:
 # kill: the primary dies (SIGKILL). freeze: it stops answering (SIGSTOP) with its sockets open,
 # the case a socket timeout must end: a blocked pop, or a command, waits on it until then.
 @pytest.mark.parametrize("how", ["kill", "freeze"])
-def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(how: str, sentinel_group, processes, tmp_path: Path, stray_pids) -> None:  # type: ignore[no-untyped-def]
+def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(
+    how: str, sentinel_group, processes, tmp_path: Path, stray_pids
+) -> None:  # type: ignore[no-untyped-def]
     group = sentinel_group
     env = _sentinel_env(group)
     workers = [
@@ -196,7 +196,12 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(how:
     group.fail_primary(how)
     done_at_kill = Job.objects.filter(pk__in=ids, state="succeeded").count()
 
-    wait_for(lambda: group.master_port() == group.replica_port, timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what="Sentinel to promote the replica")
+    wait_for(
+        lambda: group.master_port() == group.replica_port,
+        timeout=RECOVERY_BOUND_SECONDS,
+        interval=0.05,
+        what="Sentinel to promote the replica",
+    )
     promoted_s = (timezone.now() - killed_at).total_seconds()
 
     # Work that provably came through the new master, per worker: with one job per doorbell a
@@ -209,10 +214,19 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(how:
 
     names = ["sentinel-simple", "sentinel-fork"]
     resumed_at = {
-        name: wait_for(lambda n=name: resumed(n), timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what=f"{name} to run jobs after the failover")
+        name: wait_for(
+            lambda n=name: resumed(n),
+            timeout=RECOVERY_BOUND_SECONDS,
+            interval=0.05,
+            what=f"{name} to run jobs after the failover",
+        )
         for name in names
     }
-    rings = wait_for(lambda: [t for t in _beat_rings(beat_log) if t > killed_at], timeout=RECOVERY_BOUND_SECONDS, what="the beat to ring after the failover")
+    rings = wait_for(
+        lambda: [t for t in _beat_rings(beat_log) if t > killed_at],
+        timeout=RECOVERY_BOUND_SECONDS,
+        what="the beat to ring after the failover",
+    )
     wait_all_terminal(ids, timeout=180)
 
     worker_s = {name: (at - killed_at).total_seconds() for name, at in resumed_at.items()}  # type: ignore[operator]
@@ -249,8 +263,16 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(how:
     assert doorbell.redis_connection().connection_pool.get_master_address()[1] == group.replica_port
     # django-rq's pages build their clients from RQ_QUEUES, which the settings derive from the
     # same variables: a fresh process finds the new master through them.
-    probe = "import django_rq; c = django_rq.get_connection('default'); c.ping(); print(c.connection_pool.get_master_address()[1])"
+    probe = (
+        "import django_rq; c = django_rq.get_connection('default'); c.ping(); print(c.connection_pool.get_master_address()[1])"
+    )
     shown = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "manage.py", "shell", "-c", probe],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert shown.stdout.split()[-1] == str(group.replica_port), shown
