@@ -31,13 +31,23 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 from redis import Redis
+from rq.utils import utcparse
 
 from tests.acceptance.conftest import redis_server_binary
 from tests.conftest import REPO, wait_for, worker_env
-from tests.support.fleet import assert_engine_invariants, attempts, ends, free_port, starts, wait_all_terminal, wait_workers_ready
+from tests.support.fleet import (
+    assert_engine_invariants,
+    attempts,
+    ends,
+    free_port,
+    starts,
+    wait_all_terminal,
+    wait_listening,
+    wait_workers_ready,
+)
 from tests.support.system_tools import require_tool
 from workers import doorbell
-from workers.models import Attempt, Job, Outcome
+from workers.models import Attempt, Job, Outcome, WorkerProcess
 from workers.services.jobs import JobSpec, enqueue_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -179,8 +189,19 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(
     workers = [
         processes.worker("--name", "sentinel-simple", env=env),
         processes.worker("--name", "sentinel-fork", "--worker-class", "fork", env=env),
-    ]  # names: resumed() below
+    ]
     wait_workers_ready(workers)
+    # A pool's members make their own clients (workers/rq_workers.py KoalaWorkerPool).
+    pool = processes.worker("--pool", "2", env=env)
+    wait_for(lambda: WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 4, timeout=30, what="two pool members")
+    members = [
+        name
+        for name in WorkerProcess.objects.filter(stopped_at__isnull=True).values_list("name", flat=True)
+        if not name.startswith("sentinel-")
+    ]
+    stray_pids.extend(WorkerProcess.objects.filter(name__in=members).values_list("pid", flat=True))
+    wait_listening(workers=4)
+    workers.append(pool)
     beat = processes.beat(env=env)
     beat_log = next(tmp_path.glob("beat-*.log"))
     effects = str(tmp_path / "effects.log")
@@ -204,24 +225,34 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(
     )
     promoted_s = (timezone.now() - killed_at).total_seconds()
 
-    # Work that provably came through the new master, per worker: with one job per doorbell a
-    # worker holds at most one message from before the failure, so its second attempt started
-    # after it was claimed from a doorbell popped after it.
-    def resumed(name: str) -> datetime | None:
-        after = Attempt.objects.filter(job_id__in=ids, worker_id=name, started_at__gt=killed_at).order_by("started_at")
-        second = list(after[:2])
-        return second[1].started_at if len(second) == 2 else None
+    # Each worker back on the new master: the heartbeat RQ writes as soon as its loop talks to
+    # Redis again (and at least every 5 s after), read from the promoted replica itself.
+    promoted = Redis(port=group.replica_port, socket_timeout=1)
 
-    names = ["sentinel-simple", "sentinel-fork"]
-    resumed_at = {
+    def heartbeat_after_failure(name: str) -> datetime | None:
+        written = promoted.hget(f"rq:worker:{name}", "last_heartbeat")
+        at = utcparse(written.decode()) if written else None
+        return at if at is not None and at > killed_at else None
+
+    names = ["sentinel-simple", "sentinel-fork", *members]
+    back_at = {
         name: wait_for(
-            lambda n=name: resumed(n),
+            lambda n=name: heartbeat_after_failure(n),
             timeout=RECOVERY_BOUND_SECONDS,
             interval=0.05,
-            what=f"{name} to run jobs after the failover",
+            what=f"{name} back on the new master",
         )
         for name in names
     }
+
+    # Work that provably came through the new master: with one job per doorbell a worker holds
+    # at most one message from before the failure, so the fifth attempt started after it (four
+    # workers) was claimed from a doorbell popped after it.
+    def resumed() -> datetime | None:
+        after = list(Attempt.objects.filter(job_id__in=ids, started_at__gt=killed_at).order_by("started_at")[: len(names) + 1])
+        return after[-1].started_at if len(after) > len(names) else None
+
+    resumed_at = wait_for(resumed, timeout=RECOVERY_BOUND_SECONDS, interval=0.05, what="jobs to run again after the failover")
     rings = wait_for(
         lambda: [t for t in _beat_rings(beat_log) if t > killed_at],
         timeout=RECOVERY_BOUND_SECONDS,
@@ -229,12 +260,15 @@ def test_workers_and_beat_follow_a_sentinel_failover_and_each_job_runs_once(
     )
     wait_all_terminal(ids, timeout=180)
 
-    worker_s = {name: (at - killed_at).total_seconds() for name, at in resumed_at.items()}  # type: ignore[operator]
+    worker_s = {name: (at - killed_at).total_seconds() for name, at in back_at.items()}  # type: ignore[operator]
+    jobs_s = (resumed_at - killed_at).total_seconds()  # type: ignore[operator]
     beat_s = (rings[0] - killed_at).total_seconds()  # type: ignore[index]
+    pool_s = ", ".join(f"{worker_s[name]:.2f}s" for name in members)
     print(
         f"sentinel failover ({how}): {done_at_kill}/{JOBS} done at the {how}; replica promoted after {promoted_s:.2f}s; "
-        f"running jobs again after: simple worker {worker_s['sentinel-simple']:.2f}s, fork worker "
-        f"{worker_s['sentinel-fork']:.2f}s; the beat's first ring after {beat_s:.2f}s"
+        f"back on the new master after: simple worker {worker_s['sentinel-simple']:.2f}s, fork worker "
+        f"{worker_s['sentinel-fork']:.2f}s, pool members {pool_s}; jobs from new doorbells after {jobs_s:.2f}s; "
+        f"the beat's first ring after {beat_s:.2f}s"
     )
     assert max(worker_s.values()) < RECOVERY_BOUND_SECONDS and beat_s < RECOVERY_BOUND_SECONDS
 
