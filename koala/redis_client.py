@@ -11,8 +11,8 @@ replica. What makes an old connection end soon enough to need a new one:
 - a killed or restarted master closes its sockets: the next command fails at once and
   redis-py's retries reconnect (through the sentinels) with a backoff capped at 1 s;
 - a frozen or partitioned master answers nothing: ``socket_timeout``
-  (KOALA_REDIS_SOCKET_TIMEOUT_SECONDS, 5 s) ends every command, and an RQ worker's blocking
-  pop after its own timeout + 2 s (7 s, workers/rq_workers.py ``connection_timeout``);
+  (KOALA_REDIS_SOCKET_TIMEOUT_SECONDS, 3 s) ends every command, and an RQ worker's blocking
+  pop after its own timeout + 2 s (4 s, workers/rq_workers.py ``connection_timeout``);
 - a demoted master (it came back and was made a replica) answers writes with READONLY, which
   redis-py's Sentinel connection turns into a reconnect, and blocked pops with UNBLOCKED,
   which ends RQ's loop (workers/rq_workers.py restarts it).

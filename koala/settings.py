@@ -40,7 +40,7 @@ try:
     KOALA_REDIS_DB = env.integer("KOALA_REDIS_DB", 0, minimum=0)
     # How long one Redis command may wait for its reply: what a frozen master costs a caller
     # (an RQ worker's own connection waits at least its pop's timeout + 2 s, workers/rq_workers.py).
-    KOALA_REDIS_SOCKET_TIMEOUT_SECONDS = env.number("KOALA_REDIS_SOCKET_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+    KOALA_REDIS_SOCKET_TIMEOUT_SECONDS = env.number("KOALA_REDIS_SOCKET_TIMEOUT_SECONDS", 3.0, minimum=0.1)
     if KOALA_REDIS_SENTINELS:
         # Refused rather than ranked: with both set, which Redis a process uses would depend on
         # a rule the operator has to remember, and two hosts configured half-way would split.

@@ -76,8 +76,9 @@ def default_worker_name() -> str:
 REDIS_RETRY_SECONDS = 1.0
 # Longest an idle worker blocks on Redis before its next heartbeat (RQ's default is
 # worker_ttl - 15 = 405 s): bounds how long a flushed Redis goes without this worker in
-# its registry. Costs one BLPOP and one pipelined heartbeat per interval per worker.
-LISTEN_SECONDS = 5
+# its registry, and (with REDIS_POP_SLACK_SECONDS) how long a frozen master holds the pop.
+# Costs one BLPOP and one pipelined heartbeat per interval per worker.
+LISTEN_SECONDS = 2
 # How much longer than a blocking pop's own timeout its socket waits for the reply.
 REDIS_POP_SLACK_SECONDS = 2
 

@@ -159,6 +159,12 @@ def _sentinel_env(group: SentinelGroup) -> dict[str, str]:
         KOALA_DRAIN_BATCH="1",
         KOALA_CLAIM_BATCH="1",
         KOALA_LOG_FORMAT="json",
+        # A production-shaped lease (the suite's is 3 s): a frozen master stalls a worker for
+        # several socket timeouts, and a stall longer than the lease lets the reaper take a
+        # finished attempt whose success was not written yet (it runs again: at least once).
+        KOALA_LEASE_SECONDS="30",
+        KOALA_HEARTBEAT_SECONDS="2",
+        KOALA_ORPHAN_GRACE_SECONDS="2",
     )
     env.pop("REDIS_URL")  # both set is refused: the sentinels alone configure Redis
     return env

@@ -41,11 +41,11 @@ def test_sentinels_configure_redis_and_django_rq_alike(no_sentinels: pytest.Monk
         no_sentinels, KOALA_REDIS_SENTINELS=" 10.0.0.1:26379, sentinel-b:26380,[::1]:26381 ", KOALA_REDIS_DB="3"
     )
     assert loaded["KOALA_REDIS_SENTINELS"] == [("10.0.0.1", 26379), ("sentinel-b", 26380), ("::1", 26381)]
-    assert (loaded["REDIS_URL"], loaded["KOALA_REDIS_DB"], loaded["KOALA_REDIS_SOCKET_TIMEOUT_SECONDS"]) == ("", 3, 5.0)
+    assert (loaded["REDIS_URL"], loaded["KOALA_REDIS_DB"], loaded["KOALA_REDIS_SOCKET_TIMEOUT_SECONDS"]) == ("", 3, 3.0)
     for config in loaded["RQ_QUEUES"].values():
         assert "URL" not in config
         assert (config["SENTINELS"], config["MASTER_NAME"], config["DB"]) == (loaded["KOALA_REDIS_SENTINELS"], "koala", 3)
-        assert config["SENTINEL_KWARGS"]["socket_timeout"] == 1 and config["SOCKET_TIMEOUT"] == 5.0
+        assert config["SENTINEL_KWARGS"]["socket_timeout"] == 1 and config["SOCKET_TIMEOUT"] == 3.0
 
 
 def test_a_url_configures_redis_as_before(no_sentinels: pytest.MonkeyPatch) -> None:
@@ -114,7 +114,7 @@ def test_the_factory_gives_a_sentinel_discovered_master_with_timeouts(settings) 
     assert (kwargs["db"], kwargs["password"], kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (
         4,
         "master-password",
-        5.0,
+        3.0,
         5.0,
     )
     asked = pool.sentinel_manager.sentinels
@@ -128,7 +128,7 @@ def test_the_factory_gives_the_url_server_with_timeouts(settings) -> None:  # ty
     settings.KOALA_REDIS_SENTINELS = []
     settings.REDIS_URL = "redis://127.0.0.1:6399/5"
     kwargs = redis_client.connect().connection_pool.connection_kwargs
-    assert (kwargs["port"], kwargs["db"], kwargs["socket_timeout"]) == (6399, 5, 5.0)
+    assert (kwargs["port"], kwargs["db"], kwargs["socket_timeout"]) == (6399, 5, 3.0)
 
 
 @pytest.mark.slow  # a manage.py subprocess
