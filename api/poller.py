@@ -315,14 +315,15 @@ class Hub:
 
     def _listen(self) -> None:
         """A thread: subscribe to the doorbell (and key revocations); reconnect with backoff."""
-        from redis import Redis
-
         from api import keys
+        from koala import redis_client
 
         delay = 0.5
         while not self._stopping.is_set():
             try:
-                client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, health_check_interval=30)
+                # get_message waits with its own timeout and reads only what has arrived; the
+                # socket timeout ends the 30 s health check's PING to a frozen master.
+                client = redis_client.connect()
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 rings, revoked, stops = doorbell.channel("doorbell"), keys.revoked_channel(), doorbell.channel("worker-stop")
                 pubsub.subscribe(rings, revoked, stops)

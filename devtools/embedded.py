@@ -531,7 +531,7 @@ def run(command: Sequence[str], data_dir: Path, *, role: str | None = None, join
         log(f"cannot run {command[0]!r}: command not found")
         return 127
     want_postgres = not is_configured("DATABASE_URL")
-    want_redis = not is_configured("REDIS_URL")
+    want_redis = not (is_configured("REDIS_URL") or is_configured("KOALA_REDIS_SENTINELS"))
     if not want_redis:
         # In the command's environment it says what this launcher reserved on its own Redis.
         os.environ.pop("KOALA_EMBEDDED_REDIS_DBS", None)

@@ -38,5 +38,7 @@ def allow_help_without_services(argv: Sequence[str], environ: MutableMapping[str
     if not asks_only_for_help(argv):
         return
     for name, placeholder in PLACEHOLDERS.items():
+        if name == "REDIS_URL" and (environ.get("KOALA_REDIS_SENTINELS") or "KOALA_REDIS_SENTINELS_FILE" in environ):
+            continue  # Redis is configured, by its sentinels (a placeholder URL beside them is refused)
         if not environ.get(name) and f"{name}_FILE" not in environ:
             environ[name] = placeholder

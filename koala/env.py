@@ -107,6 +107,28 @@ def string_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def host_ports(name: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` (an IPv6 host in brackets: ``[::1]:26379``); every item needs both.
+
+    Empty or unset is an empty list. A port must be 1-65535; a duplicate is refused (it would
+    count one server twice, as Redis Sentinel's quorum must not)."""
+    value = raw(name)
+    found: list[tuple[str, int]] = []
+    if value is None or value.strip() == "":
+        return found
+    for index, item in enumerate(value.split(","), start=1):
+        text = item.strip()
+        host, colon, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c in host for c in " /@[]"):
+            raise ConfigError(f"{name}: item {index} ({text!r}) is not host:port with a port 1-65535.")
+        if (host, int(port)) in found:
+            raise ConfigError(f"{name}: item {index} ({text!r}) is listed twice.")
+        found.append((host, int(port)))
+    return found
+
+
 HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
 
 

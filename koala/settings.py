@@ -32,15 +32,41 @@ try:
             'PostgreSQL when it is unset), `make manage ARGS="COMMAND ..."` or `scripts/manage COMMAND ...` '
             "for a command beside `make run`, or set DATABASE_URL=postgres://user@host:5432/db."
         )
-    if not _redis_url:
-        raise ConfigError("REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0).")
+    # Redis: one server by URL, or the master of a Redis Sentinel group (koala/redis_client.py).
+    KOALA_REDIS_SENTINELS = env.host_ports("KOALA_REDIS_SENTINELS")
+    KOALA_REDIS_SENTINEL_MASTER = env.string("KOALA_REDIS_SENTINEL_MASTER", "").strip()
+    KOALA_REDIS_SENTINEL_PASSWORD = env.string("KOALA_REDIS_SENTINEL_PASSWORD", "")  # secret: the sentinels' own AUTH
+    KOALA_REDIS_PASSWORD = env.string("KOALA_REDIS_PASSWORD", "")  # secret: the master's AUTH (sentinel mode)
+    KOALA_REDIS_DB = env.integer("KOALA_REDIS_DB", 0, minimum=0)
+    # How long one Redis command may wait for its reply: what a frozen master costs a caller
+    # (an RQ worker's own connection waits at least its pop's timeout + 2 s, workers/rq_workers.py).
+    KOALA_REDIS_SOCKET_TIMEOUT_SECONDS = env.number("KOALA_REDIS_SOCKET_TIMEOUT_SECONDS", 3.0, minimum=0.1)
+    if KOALA_REDIS_SENTINELS:
+        # Refused rather than ranked: with both set, which Redis a process uses would depend on
+        # a rule the operator has to remember, and two hosts configured half-way would split.
+        if _redis_url:
+            raise ConfigError("REDIS_URL and KOALA_REDIS_SENTINELS are both set; set only one (docs/configuration.md, Redis).")
+        if not KOALA_REDIS_SENTINEL_MASTER:
+            raise ConfigError(
+                "KOALA_REDIS_SENTINELS is set but KOALA_REDIS_SENTINEL_MASTER (the monitored master's name) is not."
+            )
+        if KOALA_REDIS_DB > 15:
+            raise ConfigError(f"KOALA_REDIS_DB={KOALA_REDIS_DB} must be at most 15 (Redis has databases 0-15 by default).")
+    else:
+        for _name in ("KOALA_REDIS_SENTINEL_MASTER", "KOALA_REDIS_SENTINEL_PASSWORD", "KOALA_REDIS_PASSWORD", "KOALA_REDIS_DB"):
+            if env.raw(_name):
+                raise ConfigError(f"{_name} is set but KOALA_REDIS_SENTINELS is not; with REDIS_URL, put it in the URL.")
+        if not _redis_url:
+            raise ConfigError(
+                "REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0), nor KOALA_REDIS_SENTINELS + KOALA_REDIS_SENTINEL_MASTER."
+            )
     try:
         _db = environ.Env.db_url_config(_database_url)
     except Exception as exc:  # django-environ raises several types for bad URLs
         raise ConfigError(f"DATABASE_URL is not a valid database URL: {exc}") from None
     if _db.get("ENGINE") != "django.db.backends.postgresql":
         raise ConfigError("DATABASE_URL must be a postgres:// URL: PostgreSQL is Koala's source of truth.")
-    if not _redis_url.startswith(("redis://", "rediss://", "unix://")):
+    if _redis_url and not _redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://.")
     _db["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
     _db["CONN_HEALTH_CHECKS"] = True
@@ -397,8 +423,23 @@ SECURE_REFERRER_POLICY = "same-origin"
 
 # django-rq's pages are mounted once, by Koala (workers/rq_pages.py), not as an admin model too.
 RQ_SHOW_ADMIN_LINK = False
+# django-rq's pages build their own clients from this (django_rq.connection_utils): the same
+# server, or the same Sentinel master, as koala/redis_client.py connects to.
+_rq_connection: dict[str, object] = (
+    {
+        "SENTINELS": KOALA_REDIS_SENTINELS,
+        "MASTER_NAME": KOALA_REDIS_SENTINEL_MASTER,
+        "DB": KOALA_REDIS_DB,
+        "PASSWORD": KOALA_REDIS_PASSWORD or None,
+        "SOCKET_TIMEOUT": KOALA_REDIS_SOCKET_TIMEOUT_SECONDS,
+        "CONNECTION_KWARGS": {"socket_connect_timeout": 5},
+        "SENTINEL_KWARGS": {"socket_timeout": 1, "socket_connect_timeout": 1, "password": KOALA_REDIS_SENTINEL_PASSWORD or None},
+    }
+    if KOALA_REDIS_SENTINELS
+    else {"URL": REDIS_URL}
+)
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}
+    name: {**_rq_connection, "DEFAULT_TIMEOUT": -1}
     for name in env.string_list("KOALA_QUEUES", ["default", "critical", "bulk", "exports"])
 }
 

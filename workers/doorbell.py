@@ -23,6 +23,8 @@ from redis import Redis
 from rq import Queue, get_current_job
 from rq.queue import EnqueueData
 
+from koala import redis_client
+
 log = logging.getLogger(__name__)
 
 ENTRY = "workers.runtime.deliver"
@@ -37,19 +39,19 @@ _connection: Redis | None = None
 def redis_connection() -> Redis:
     global _connection
     if _connection is None:
-        _connection = Redis.from_url(settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+        _connection = redis_client.connect()
     return _connection
 
 
 def reset_connection() -> None:
-    """Forget the client (after fork, or when tests point REDIS_URL elsewhere)."""
+    """Forget the client (after fork, or when tests point REDIS_URL or the sentinels elsewhere)."""
     global _connection
     _connection = None
 
 
 def channel(name: str) -> str:
     """A pub/sub channel of this deployment. Pub/sub is server-wide in Redis, not per database
-    number, so the name carries REDIS_URL's database: two deployments sharing one Redis server
+    number, so the name carries the configured database (REDIS_URL's or KOALA_REDIS_DB): two deployments sharing one Redis server
     on different databases never wake each other's pollers."""
     db = redis_connection().connection_pool.connection_kwargs.get("db", 0)
     return f"koala:{db}:{name}"

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from contextlib import suppress
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import redis
@@ -43,9 +44,10 @@ from rq import SimpleWorker, Worker, worker_registration
 from rq.exceptions import StopRequested
 from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
+from rq.worker_pool import ForkProcess, WorkerPool
 
 from koala import redaction
-from workers import bounds, kinds, outcomes
+from workers import bounds, doorbell, kinds, outcomes
 from workers.bounds import get_bounds
 from workers.models import WorkerExit
 from workers.runtime import get_runtime
@@ -74,8 +76,11 @@ def default_worker_name() -> str:
 REDIS_RETRY_SECONDS = 1.0
 # Longest an idle worker blocks on Redis before its next heartbeat (RQ's default is
 # worker_ttl - 15 = 405 s): bounds how long a flushed Redis goes without this worker in
-# its registry. Costs one BLPOP and one pipelined heartbeat per interval per worker.
-LISTEN_SECONDS = 5
+# its registry, and (with REDIS_POP_SLACK_SECONDS) how long a frozen master holds the pop.
+# Costs one BLPOP and one pipelined heartbeat per interval per worker.
+LISTEN_SECONDS = 2
+# How much longer than a blocking pop's own timeout its socket waits for the reply.
+REDIS_POP_SLACK_SECONDS = 2
 
 
 class WorkerNameInUse(Exception):
@@ -170,6 +175,15 @@ class KoalaWorkerMixin:
     def dequeue_timeout(self) -> int:
         return min(int(super().dequeue_timeout), LISTEN_SECONDS)  # type: ignore[misc]
 
+    @property
+    def connection_timeout(self) -> int:
+        """The socket timeout RQ gives this worker's Redis connection, at least (RQ: the pop's
+        timeout + 10 s). A frozen or partitioned master answers nothing, so every command on
+        it, the blocking pop included, waits this long before the worker reconnects (through
+        the sentinels, to the promoted replica); a fork worker can meet it twice (horse, then
+        parent). The pop's reply comes within its own timeout: 2 s more is ample."""
+        return self.dequeue_timeout + REDIS_POP_SLACK_SECONDS
+
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         problem = check_worker_name(self.name)  # type: ignore[attr-defined]
         if problem:  # before anything is recorded under it, in PostgreSQL or Redis
@@ -235,6 +249,12 @@ class KoalaWorkerMixin:
                     return worked
             except StopRequested:  # SIGTERM while waiting
                 return worked
+            # Most restarts follow a Redis error. The pool may still hold idle connections to a
+            # master that is gone: frozen or partitioned, each would cost a socket timeout before
+            # it is dropped. Closing them all makes the next command connect afresh, which under
+            # Sentinel asks the sentinels for the current master.
+            with suppress(Exception):
+                self.connection.connection_pool.disconnect()  # type: ignore[attr-defined]
             self._forget_registration()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
@@ -398,3 +418,43 @@ class KoalaSimpleWorker(KoalaWorkerMixin, SimpleWorker):
 
 
 WORKER_CLASSES: dict[str, type[Worker] | type[SimpleWorker]] = {"fork": KoalaWorker, "simple": KoalaSimpleWorker}
+
+
+def _run_pool_member(
+    name: str, queue_names: list[str], *, worker_class: Any, burst: bool, logging_level: str, _sleep: float = 0, **options: Any
+) -> None:
+    """RQ's ``run_worker`` for one pool member, with its Redis client made by koala/redis_client.py."""
+    doorbell.reset_connection()  # forked: never share the parent's sockets
+    connection = doorbell.redis_connection()
+    worker = worker_class([doorbell.rq_queue(q) for q in queue_names], name=name, connection=connection, **options)
+    time.sleep(_sleep)
+    # No RQ scheduler (RQ's pool starts one per member): Koala schedules in PostgreSQL and never
+    # enqueues an RQ message for later, so, like a single worker, a member runs none. One would
+    # also add its own Redis waits to a member's recovery from a frozen master.
+    worker.work(burst=burst, logging_level=logging_level)
+
+
+class KoalaWorkerPool(WorkerPool):
+    """RQ's pool, except for how a member gets its Redis connection.
+
+    RQ rebuilds each member's client from the parent's connection class, pool class and pool
+    keyword arguments. A Sentinel-managed pool cannot travel that way (its connections ask the
+    pool, which asks the sentinels, for the master's address): rebuilt, a member would connect to
+    localhost. Each member makes its client itself, the one way every Koala process does.
+    """
+
+    def get_worker_process(self, name: str, burst: bool, _sleep: float = 0, logging_level: str = "INFO") -> BaseProcess:
+        return ForkProcess(
+            target=_run_pool_member,
+            args=(name, self._queue_names),
+            kwargs={
+                "_sleep": _sleep,
+                "burst": burst,
+                "logging_level": logging_level,
+                "worker_class": self.worker_class,
+                "job_class": self.job_class,
+                "serializer": self.serializer,
+                "exception_handlers": self.exception_handlers,
+            },
+            name=f"Worker {name} (WorkerPool {self.name})",
+        )

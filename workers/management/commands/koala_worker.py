@@ -9,14 +9,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from rq.worker_pool import WorkerPool
 
-from koala import cli
+from koala import cli, redis_client
 from workers import doorbell
 from workers.dbsession import bound_sessions
 from workers.management.commands._common import queue_list
 from workers.models import WorkerProcess
-from workers.rq_workers import WORKER_CLASSES, WorkerNameInUse, check_worker_name, default_worker_name
+from workers.rq_workers import WORKER_CLASSES, KoalaWorkerPool, WorkerNameInUse, check_worker_name, default_worker_name
 
 
 def _worker_name(value: str) -> str:
@@ -83,13 +82,13 @@ class Command(BaseCommand):
         try:
             connection.ping()
         except Exception as exc:
-            raise CommandError(f"cannot reach Redis at REDIS_URL: {type(exc).__name__}: {exc}") from None
+            raise CommandError(f"cannot reach Redis at {redis_client.describe()}: {type(exc).__name__}: {exc}") from None
         # RQ sets its loggers to the level work() is given. Give it the one LOGGING configures for
         # rq.worker (WARNING unless LOG_LEVEL=DEBUG): its INFO lines, three or four per doorbell,
         # name the RQ message, not the job; Koala logs one line per attempt instead (workers/runtime.py).
         level = logging.getLevelName(logging.getLogger("rq.worker").getEffectiveLevel())
         if options["pool"] > 1:
-            pool = WorkerPool(queues, connection=connection, num_workers=options["pool"], worker_class=worker_class)
+            pool = KoalaWorkerPool(queues, connection=connection, num_workers=options["pool"], worker_class=worker_class)
             pool.start(burst=options["burst"], logging_level=level)
             return
         worker = worker_class(
