@@ -73,3 +73,12 @@ TRUNCATE_EVENTS = "TRUNCATE exports_event"
 
 # Fresh statistics after a bulk load, so the export query is planned for the rows just loaded.
 ANALYZE_EVENTS = "ANALYZE exports_event"
+
+
+# -- the COPY's own transaction through a transaction pooler (exports/streaming.py) -------------
+# KOALA_DATABASE_POOLING=transaction: the reader's settings cannot be session settings (the next
+# transaction may get another server session), so the COPY runs in a read-only transaction of its
+# own with the settings local to it, and that transaction is ended before the connection closes.
+BEGIN_READ_ONLY = "BEGIN READ ONLY"
+SET_LOCAL = "SELECT set_config(%s, %s, true)"
+ROLLBACK = "ROLLBACK"

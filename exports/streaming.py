@@ -31,6 +31,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 from psycopg import errors, pq
 
+from exports import sql
+
 Waiting = Callable[[str], AbstractContextManager[None]]
 
 
@@ -154,7 +156,7 @@ class CopyReader:
             # its server session back clean rather than closing it for a client gone mid-transaction.
             try:
                 conn.pgconn.nonblocking = 0
-                conn.execute("ROLLBACK")
+                conn.execute(sql.ROLLBACK)
             except (psycopg.Error, OSError):
                 pass
         conn.close()
@@ -218,8 +220,6 @@ def dedicated_connection(
 # another server session, and this one's would stay behind for another client): the COPY runs in
 # a read-only transaction of its own that sets them first, local to it.
 _LOCAL_SETTINGS = "_koala_local_settings"
-_BEGIN_READ_ONLY = "BEGIN READ ONLY"
-_SET_LOCAL = "SELECT set_config(%s, %s, true)"
 
 
 def _dedicated_params(session: dict[str, str], timeout: float | None, application_name: str) -> dict[str, Any]:
@@ -260,9 +260,9 @@ def _begin_local(conn: psycopg.Connection[Any]) -> None:
     local = _pending_local.pop(conn, None)
     if local is None:
         return
-    conn.execute(_BEGIN_READ_ONLY)
+    conn.execute(sql.BEGIN_READ_ONLY)
     for name, value in local.items():
-        conn.execute(_SET_LOCAL, [name, value])
+        conn.execute(sql.SET_LOCAL, [name, value])
 
 
 class Connector:

@@ -54,7 +54,7 @@ try:
             raise ConfigError(f"KOALA_REDIS_DB={KOALA_REDIS_DB} must be at most 15 (Redis has databases 0-15 by default).")
     else:
         for _name in ("KOALA_REDIS_SENTINEL_MASTER", "KOALA_REDIS_SENTINEL_PASSWORD", "KOALA_REDIS_PASSWORD", "KOALA_REDIS_DB"):
-            if env.raw(_name):
+            if env.string(_name, ""):
                 raise ConfigError(f"{_name} is set but KOALA_REDIS_SENTINELS is not; with REDIS_URL, put it in the URL.")
         if not _redis_url:
             raise ConfigError(

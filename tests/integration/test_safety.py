@@ -320,8 +320,15 @@ def test_a_tenant_pause_over_the_worker_api(tmp_path: Path, redis_clean: None) -
     """The HTTP protocol's claim and heartbeat (api.protocol) honour a tenant's pause the same way."""
     from api import protocol
 
-    worker = protocol.Registration(
-        worker_id="http-1", served=("tests.steady@1",), queues=("default",), concurrency=4, key_prefix=""
+    # Registered as an HTTP worker registers (its row is what every claim reads, under its lock).
+    worker = protocol.register(
+        key_prefix="",
+        name="http-1",
+        hostname="test",
+        pid=1,
+        served_kinds=[("tests.steady", 1, [])],
+        queues=["default"],
+        concurrency=4,
     )
 
     def steady(tenant: str) -> int:

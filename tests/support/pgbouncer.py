@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as psql
 
-from tests.dburl import database_url
+from tests.dburl import database_url, libpq_params
 from tests.support.system_tools import require_tool
 
 CONFIG = """\
@@ -82,7 +82,12 @@ class PgBouncer:
     def start(self) -> PgBouncer:
         runas: list[str] = []
         if os.geteuid() == 0:  # "PgBouncer should not run as root"
-            runas = [require_tool("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+            # nobody, or, for a server reached through its unix-socket folder (the embedded
+            # PostgreSQL's, mode 0700), the folder's owner: the only user besides root who can
+            # connect through it.
+            uid, gid = self.server_socket_owner()
+            who = [f"--reuid={uid}", f"--regid={gid}"] if uid is not None else ["--reuid=nobody", "--regid=nogroup"]
+            runas = [require_tool("setpriv"), *who, "--clear-groups"]
         self.proc = subprocess.Popen(
             [*runas, self.binary, str(self.folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
@@ -100,6 +105,13 @@ class PgBouncer:
         if user is not None:
             params.update(USER=user, PASSWORD="")
         return database_url(params, host="127.0.0.1", port=self.port)
+
+    def server_socket_owner(self) -> tuple[int | None, int | None]:
+        host = self.params.get("HOST") or ""
+        if not host.startswith("/"):
+            return None, None
+        found = Path(host).stat()
+        return found.st_uid, found.st_gid
 
     def log(self) -> str:
         path = self.folder / "pgbouncer.log"
@@ -126,7 +138,8 @@ def running(params: dict[str, Any], **kwargs: Any) -> Iterator[PgBouncer]:
 
 
 def _admin(params: dict[str, Any]) -> psycopg.Connection[Any]:
-    return psycopg.connect(database_url(params), autocommit=True)
+    # libpq's keywords, not a URL: HOST may be a unix-socket folder (the embedded PostgreSQL).
+    return psycopg.connect(**libpq_params(params), autocommit=True)
 
 
 @contextlib.contextmanager
