@@ -28,7 +28,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.setup import guard, setup_django  # noqa: E402 - after the path set-up above
+from bench.worker_api import free_port  # noqa: E402
+from devtools.servers import wait_listening  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -198,12 +199,6 @@ def measure_beat(logdir: Path) -> Memory:
         stop(proc)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_web(logdir: Path) -> Memory:
     port = free_port()
     log = logdir / "web.log"
@@ -213,16 +208,8 @@ def measure_web(logdir: Path) -> Memory:
         log,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
-                    answer.read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    sys.exit(f"the web process did not answer; see {log}")
-                time.sleep(0.2)
+        if not wait_listening(proc, port, timeout=60):
+            sys.exit(f"the web process did not answer; see {log}")
         for _ in range(50):
             for path in ("/readyz", "/healthz", "/admin/login/"):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from devtools.servers import wait_listening
 from tests.conftest import REPO, Processes, worker_env
+from tests.support.fleet import free_port
 from workers.models import Attempt
 from workers.services.jobs import enqueue
 
@@ -119,9 +119,7 @@ def test_json_lines_carry_the_outcome_fields_and_stay_masked(processes: Processe
 
 def test_the_web_process_logs_json_lines_too_masked(tmp_path: Path) -> None:
     """uvicorn's own loggers (its start, stop and access lines) join Koala's handler under json."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = tmp_path / "web.log"
     with open(log, "wb") as out:
         web = subprocess.Popen(
@@ -132,15 +130,9 @@ def test_the_web_process_logs_json_lines_too_masked(tmp_path: Path) -> None:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz?token={BEARER}", timeout=2) as answer:
-                    answer.read()
-                break
-            except OSError:
-                assert web.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
+        assert wait_listening(web, port, timeout=60), log.read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz?token={BEARER}", timeout=10) as answer:
+            answer.read()
     finally:
         web.terminate()
         web.wait(timeout=30)
